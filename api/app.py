@@ -1,0 +1,100 @@
+"""The HTTP application factory: routers, lifespan, Triton-shaped errors."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import redis.asyncio
+import redis.exceptions
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from api.dataplane import DataPlane
+from api.errors import http_status
+from api.http import health, infer, metadata, repository
+from api.http.responses import error_response
+from api.models import ModelRegistry
+from api.settings import GatewaySettings
+from broker.errors import SluiceError
+from broker.keys import KeySchema
+from broker.model_store import AsyncModelStore
+from broker.replies import ReplyRouter
+
+logger = logging.getLogger(__name__)
+
+
+def connect(settings: GatewaySettings) -> redis.asyncio.Redis:
+    """The gateway's one Redis client (RESP2, bytes replies, bounded calls)."""
+    return redis.asyncio.Redis.from_url(
+        settings.redis.url,
+        protocol=2,
+        socket_timeout=settings.redis.socket_timeout_s + 5,
+        socket_connect_timeout=settings.redis.socket_timeout_s,
+        max_connections=512,
+        health_check_interval=30,
+    )
+
+
+def build_dataplane(settings: GatewaySettings, client: redis.asyncio.Redis) -> DataPlane:
+    """Wire a :class:`DataPlane` for this gateway process (router not yet started)."""
+    keys = KeySchema(settings.redis.key_prefix)
+    registry = ModelRegistry(AsyncModelStore(client, keys), settings.model_cache_s)
+    router = ReplyRouter(client, keys.reply(settings.gateway_id))
+    return DataPlane(settings, client, registry, router)
+
+
+async def _sluice_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, SluiceError)
+    return error_response(exc.message, http_status(exc.code))
+
+
+async def _http_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    return error_response(str(exc.detail), exc.status_code)
+
+
+async def _validation_error(_request: Request, exc: Exception) -> Response:
+    return error_response(f"invalid request: {exc}", 400)
+
+
+async def _redis_error(_request: Request, exc: Exception) -> Response:
+    logger.warning("Redis unreachable: %s", exc)
+    return error_response(f"broker unavailable: {exc}", 503)
+
+
+async def _unexpected(_request: Request, exc: Exception) -> Response:
+    logger.exception("unexpected error", exc_info=exc)
+    return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
+
+
+def create_app(settings: GatewaySettings) -> FastAPI:
+    """The KServe v2 + Triton HTTP application of one gateway process."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client = connect(settings)
+        dataplane = build_dataplane(settings, client)
+        await dataplane.router.start()
+        app.state.dataplane = dataplane
+        try:
+            yield
+        finally:
+            await dataplane.router.stop()
+            await client.aclose()
+
+    app = FastAPI(title="Sluice", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    for router in (health.router, metadata.router, infer.router, repository.router):
+        app.include_router(router)
+    app.add_exception_handler(SluiceError, _sluice_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(redis.exceptions.ConnectionError, _redis_error)
+    app.add_exception_handler(redis.exceptions.TimeoutError, _redis_error)
+    app.add_exception_handler(Exception, _unexpected)
+    return app

@@ -1,0 +1,150 @@
+"""``sluice`` command line: ``serve`` (all in one), ``gateway``, ``worker``.
+
+Flag names are Triton's where Triton has the flag (``--model-repository``,
+``--http-port``, ``--model-control-mode``, ``--log-verbose``, ``--exit-on-error``,
+``--strict-readiness``, ``--disable-auto-complete-config``, ``--model-config-name``,
+``--exit-timeout-secs``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from api.gateway import _bool, add_gateway_arguments
+
+logger = logging.getLogger("sluice")
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("serve", help="Redis (if needed) + a gateway + every model instance")
+    p.add_argument("--model-repository", "--model-store", dest="model_repository",
+                   action="append", required=True, type=Path,
+                   help="model repository folder (repeatable)")
+    p.add_argument("--http-address", default="0.0.0.0")
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--redis-url", default=None,
+                   help="Redis URL (SLUICE_REDIS_URL / SLUICE_REDIS__URL; default "
+                        f"{DEFAULT_REDIS_URL}, or a private redis-server when none answers)")
+    p.add_argument("--key-prefix", default=os.environ.get("SLUICE_REDIS__KEY_PREFIX", "sluice:"))
+    p.add_argument("--model-control-mode", default="none", choices=["none", "poll", "explicit"])
+    p.add_argument("--exit-on-error", type=_bool, default=True)
+    p.add_argument("--strict-readiness", type=_bool, default=True)
+    p.add_argument("--disable-auto-complete-config", action="store_true")
+    p.add_argument("--strict-model-config", type=_bool, default=None,
+                   help="older spelling of --disable-auto-complete-config")
+    p.add_argument("--model-config-name", default=None)
+    p.add_argument("--exit-timeout-secs", type=float, default=30.0)
+    p.add_argument("--request-timeout-secs", type=float, default=60.0,
+                   help="longest wait for a response when the client sets none")
+    p.add_argument("--log-verbose", type=int, default=0)
+
+
+def _resolve_redis(url: str | None) -> tuple[str, object | None]:
+    """The Redis URL to use, starting a private redis-server when none was named or answers."""
+    from broker.redis_server import redis_answers, start_private_redis
+
+    explicit = url or os.environ.get("SLUICE_REDIS_URL") or os.environ.get("SLUICE_REDIS__URL")
+    if explicit:
+        return explicit, None
+    if redis_answers(DEFAULT_REDIS_URL):
+        return DEFAULT_REDIS_URL, None
+    process, private_url = start_private_redis()
+    logger.info("no Redis at %s; started a private redis-server at %s", DEFAULT_REDIS_URL,
+                private_url)
+    return private_url, process
+
+
+def serve(args: argparse.Namespace) -> int:
+    """``sluice serve``: run everything until Ctrl-C; returns the exit code."""
+    from gpu_workers.supervisor import ServeOptions, Supervisor
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.log_verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s [serve] %(name)s: %(message)s",
+    )
+    if args.model_control_mode != "none":
+        logger.error("--model-control-mode=%s is not implemented yet; use 'none'",
+                     args.model_control_mode)
+        return 2
+    try:
+        redis_url, redis_process = _resolve_redis(args.redis_url)
+    except RuntimeError as exc:
+        logger.error("%s", exc)
+        return 1
+    strict = args.disable_auto_complete_config or bool(args.strict_model_config)
+    options = ServeOptions(
+        repositories=tuple(args.model_repository),
+        redis_url=redis_url,
+        key_prefix=args.key_prefix,
+        http_address=args.http_address,
+        http_port=args.http_port,
+        model_control_mode=args.model_control_mode,
+        exit_on_error=args.exit_on_error,
+        strict_readiness=args.strict_readiness,
+        strict_model_config=strict,
+        model_config_name=args.model_config_name,
+        log_verbose=args.log_verbose,
+        exit_timeout_s=args.exit_timeout_secs,
+        request_timeout_s=args.request_timeout_secs,
+    )
+    supervisor = Supervisor(options)
+    signal.signal(signal.SIGINT, supervisor.request_stop)
+    signal.signal(signal.SIGTERM, supervisor.request_stop)
+    code = 0
+    try:
+        supervisor.reset_state()
+        supervisor.start_gateway()
+        failures = supervisor.load_all()
+        for line in failures:
+            logger.error("%s", line)
+        if failures and options.exit_on_error:
+            logger.error("exiting: %d model(s) failed to load (--exit-on-error=true)",
+                         len(failures))
+            code = 1
+        else:
+            logger.info("serving on http://%s:%d", options.http_address, options.http_port)
+            supervisor.watch()
+    finally:
+        supervisor.shutdown()
+        if redis_process is not None:
+            redis_process.terminate()  # type: ignore[attr-defined]
+            redis_process.wait(10)  # type: ignore[attr-defined]
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``sluice`` command."""
+    parser = argparse.ArgumentParser(prog="sluice", description="Triton-compatible inference "
+                                     "server whose requests travel through Redis")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    gateway = sub.add_parser("gateway", help="one stateless HTTP gateway")
+    add_gateway_arguments(gateway)
+    sub.add_parser("worker", help="one model instance (see 'sluice worker --help')",
+                   add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "serve":
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        return serve(args)
+    if args.command == "gateway":
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        from api.gateway import run_gateway, settings_from_args
+
+        run_gateway(settings_from_args(args))
+        return 0
+    from gpu_workers.main import main as worker_main
+
+    return worker_main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

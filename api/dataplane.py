@@ -1,0 +1,235 @@
+"""Transport-neutral request handling: the HTTP routes and the gRPC servicer both call this.
+
+Validate against the model config, queue on the model version's stream,
+wait for the reply until the request's deadline (MLServer ``handlers/DataPlane``).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio
+
+from api.models import ModelRegistry, ModelView
+from api.settings import GatewaySettings
+from api.validation import validate_request
+from broker.errors import ErrorCode, SluiceError
+from broker.keys import KeySchema
+from broker.messages import InferRequestMessage, ParameterValue, RequestedOutput, WireTensor
+from broker.model_store import ModelState
+from broker.producer import enqueue
+from broker.replies import ReplyRouter
+
+#: extensions this server implements, in Triton's order (PROTOCOL.md 0).
+EXTENSIONS = (
+    "model_repository",
+    "model_configuration",
+    "binary_tensor_data",
+    "parameters",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class InferResult:
+    """A model's answer, ready for a transport to encode."""
+
+    model: str
+    version: int
+    client_id: str
+    outputs: tuple[WireTensor, ...]
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+class DataPlane:
+    """What every front end of one gateway process shares.
+
+    Args:
+        settings: the gateway settings.
+        client: the gateway's Redis client.
+        registry: cached model views.
+        router: this gateway's reply router (already started).
+    """
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        client: redis.asyncio.Redis,
+        registry: ModelRegistry,
+        router: ReplyRouter,
+    ) -> None:
+        self.settings = settings
+        self.registry = registry
+        self._redis = client
+        self.router = router
+        self._keys = KeySchema(settings.redis.key_prefix)
+        self._timeout_ns = int(settings.request_timeout_s * 1e9)
+
+    # -- health -----------------------------------------------------------------------------
+
+    async def server_live(self) -> bool:
+        """Liveness: this process serves and Redis answers."""
+        try:
+            return bool(await self._redis.ping())
+        except Exception:
+            return False
+
+    async def server_ready(self) -> bool:
+        """Readiness (Triton ``--strict-readiness``): start-up done and every model READY.
+
+        A version UNAVAILABLE with reason ``unloaded`` does not count against readiness.
+        """
+        try:
+            facts = await self.registry.server_facts()
+            if facts.get("startup") != "done":
+                return False
+            if not self.settings.strict_readiness:
+                return True
+            for record in await self.registry.records():
+                for state in record.versions.values():
+                    if state.state is ModelState.READY:
+                        continue
+                    if state.state is ModelState.UNAVAILABLE and state.reason == "unloaded":
+                        continue
+                    return False
+            return True
+        except Exception:
+            return False
+
+    async def model_ready(self, model: str, version: int | None) -> bool:
+        """Whether the model (version) can take requests now."""
+        try:
+            await self.registry.resolve(model, version)
+        except SluiceError:
+            return False
+        return True
+
+    # -- metadata ---------------------------------------------------------------------------
+
+    def server_metadata(self) -> dict[str, Any]:
+        """``GET /v2`` body (PROTOCOL.md 1.4)."""
+        from api import __version__
+
+        return {"name": self.settings.server_id, "version": __version__,
+                "extensions": list(EXTENSIONS)}
+
+    async def model_metadata(self, model: str, version: int | None) -> dict[str, Any]:
+        """``GET /v2/models/{m}`` body (PROTOCOL.md 1.5)."""
+        view, resolved = await self.registry.resolve(model, version)
+        versions = [str(resolved)] if version is not None else [
+            str(v) for v in view.ready_versions()]
+
+        def shape(dims: Sequence[int]) -> list[int]:
+            return [-1, *dims] if view.max_batch_size > 0 else list(dims)
+
+        return {
+            "name": view.name,
+            "versions": versions,
+            "platform": view.platform,
+            "inputs": [{"name": s.name, "datatype": s.datatype, "shape": shape(s.dims)}
+                       for s in view.inputs.values()],
+            "outputs": [{"name": s.name, "datatype": s.datatype, "shape": shape(s.dims)}
+                        for s in view.outputs.values()],
+        }
+
+    async def model_config(self, model: str, version: int | None) -> ModelView:
+        """The view whose ``config`` / ``config_json`` a config endpoint returns."""
+        view, _ = await self.registry.resolve(model, version)
+        return view
+
+    async def repository_index(self, ready_only: bool) -> list[dict[str, str]]:
+        """Repository index entries (PROTOCOL.md 1.8), sorted by model name."""
+        entries: list[dict[str, str]] = []
+        for record in await self.registry.records():
+            if not record.versions:
+                if not ready_only:
+                    entries.append({"name": record.name})
+                continue
+            for version, state in sorted(record.versions.items()):
+                if ready_only and state.state is not ModelState.READY:
+                    continue
+                entry = {"name": record.name, "version": str(version),
+                         "state": state.state.value}
+                if state.reason:
+                    entry["reason"] = state.reason
+                entries.append(entry)
+        return entries
+
+    async def control_mode(self) -> str:
+        """The supervisor's model control mode (``none``, ``poll`` or ``explicit``)."""
+        return (await self.registry.server_facts()).get("model_control_mode", "none")
+
+    async def load_model(self, model: str) -> None:
+        """Triton model repository extension: load.
+
+        Raises:
+            SluiceError: UNAVAILABLE in ``none``/``poll`` mode (Triton's text).
+        """
+        await self._refuse_control()
+        raise SluiceError(ErrorCode.UNSUPPORTED, "explicit model control is not implemented")
+
+    async def unload_model(self, model: str) -> None:
+        """Triton model repository extension: unload (see :meth:`load_model`)."""
+        await self._refuse_control()
+        raise SluiceError(ErrorCode.UNSUPPORTED, "explicit model control is not implemented")
+
+    async def _refuse_control(self) -> None:
+        if await self.control_mode() != "explicit":
+            raise SluiceError(
+                ErrorCode.UNAVAILABLE,
+                "explicit model load / unload is not allowed if polling is enabled",
+            )
+
+    # -- inference --------------------------------------------------------------------------
+
+    async def infer(
+        self,
+        model: str,
+        version: int | None,
+        client_id: str,
+        inputs: Sequence[WireTensor],
+        outputs: Sequence[RequestedOutput],
+        parameters: dict[str, ParameterValue],
+    ) -> InferResult:
+        """Validate, queue and await one inference request.
+
+        Raises:
+            SluiceError: NOT_FOUND/UNAVAILABLE from model resolution, INVALID_ARG from
+                validation, UNSUPPORTED for decoupled models, UNAVAILABLE "Request timeout
+                expired" past the deadline, or the error the model returned.
+        """
+        view, resolved = await self.registry.resolve(model, version)
+        if view.decoupled:
+            raise SluiceError(
+                ErrorCode.UNSUPPORTED,
+                f"model '{model}': HTTP end point doesn't support models with decoupled "
+                "transaction policy", model=model)
+        validate_request(view, inputs, outputs)
+        now_ns = time.time_ns()
+        request_id = uuid.uuid4().hex
+        message = InferRequestMessage(
+            request_id=request_id,
+            client_id=client_id,
+            model=model,
+            version=resolved,
+            inputs=tuple(inputs),
+            outputs=tuple(o.name for o in outputs),
+            parameters=parameters,
+            reply_to=self.router.reply_key,
+            deadline_ns=now_ns + self._timeout_ns,
+            enqueued_ns=now_ns,
+        )
+        future = self.router.expect(request_id)
+        try:
+            await enqueue(self._redis, self._keys, message)
+        except BaseException:
+            self.router.forget(request_id)
+            raise
+        response = await self.router.wait(request_id, future, message.deadline_ns)
+        if response.error is not None:
+            raise SluiceError(response.error.code, response.error.message, model=model)
+        return InferResult(model, response.version, client_id, response.outputs,
+                           dict(response.parameters))

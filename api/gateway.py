@@ -1,0 +1,91 @@
+"""Gateway process entry (``sluice gateway`` / ``python -m api.gateway``).
+
+Stateless: serves the HTTP front end from what Redis holds. Any number of
+gateways may run against one Redis; each has its own reply key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import uvicorn
+
+from api.app import create_app
+from api.settings import GatewaySettings, HttpSettings
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
+def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
+    """Triton's HTTP flags (defaults come from ``GatewaySettings`` / ``SLUICE_*``)."""
+    parser.add_argument("--http-address", default=None, help="HTTP bind address (0.0.0.0)")
+    parser.add_argument("--http-port", type=int, default=None, help="HTTP port (8000)")
+    parser.add_argument("--redis-url", default=None, help="Redis URL (SLUICE_REDIS__URL)")
+    parser.add_argument("--key-prefix", default=None, help="Redis key prefix (sluice:)")
+    parser.add_argument("--strict-readiness", type=_bool, default=None)
+    parser.add_argument("--request-timeout-secs", type=float, default=None,
+                        help="longest wait for a response when the client sets none (60)")
+    parser.add_argument("--log-verbose", type=int, default=None)
+
+
+def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
+    """Environment/.env settings, overridden by the flags that were given."""
+    settings = GatewaySettings()
+    http = settings.http.model_dump()
+    if args.http_address is not None:
+        http["address"] = args.http_address
+    if args.http_port is not None:
+        http["port"] = args.http_port
+    redis_settings = settings.redis.model_copy(update={
+        k: v for k, v in (("url", args.redis_url), ("key_prefix", args.key_prefix))
+        if v is not None
+    })
+    update: dict[str, object] = {"http": HttpSettings(**http), "redis": redis_settings}
+    if args.strict_readiness is not None:
+        update["strict_readiness"] = args.strict_readiness
+    if args.request_timeout_secs is not None:
+        update["request_timeout_s"] = args.request_timeout_secs
+    if args.log_verbose is not None:
+        update["log_verbose"] = args.log_verbose
+    return settings.model_copy(update=update)
+
+
+def run_gateway(settings: GatewaySettings) -> None:
+    """Serve HTTP until SIGINT/SIGTERM (uvicorn's graceful shutdown, bounded)."""
+    logging.basicConfig(
+        level=logging.DEBUG if settings.log_verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s [gateway] %(name)s: %(message)s",
+    )
+    config = uvicorn.Config(
+        create_app(settings),
+        host=settings.http.address,
+        port=settings.http.port,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        access_log=settings.log_verbose > 0,
+        log_level="debug" if settings.log_verbose > 1 else "warning",
+        timeout_graceful_shutdown=10,
+        server_header=False,
+        date_header=False,
+    )
+    uvicorn.Server(config).run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sluice gateway", description=__doc__)
+    add_gateway_arguments(parser)
+    run_gateway(settings_from_args(parser.parse_args(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Reading request bodies with a size bound, and HTTP compression (PROTOCOL.md 1.15)."""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+
+from starlette.requests import Request
+
+from broker.errors import ErrorCode, SluiceError, invalid_arg
+
+
+async def read_body(request: Request, limit_bytes: int) -> bytes:
+    """The request body, refused with INVALID_ARG once it passes ``limit_bytes``.
+
+    Raises:
+        SluiceError: INVALID_ARG naming the size and the limit.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
+        raise invalid_arg(f"request body of {declared} bytes exceeds the limit of "
+                          f"{limit_bytes} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit_bytes:
+            raise invalid_arg(f"request body exceeds the limit of {limit_bytes} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def decompress(body: bytes, encoding: str | None, limit_bytes: int) -> bytes:
+    """Undo ``Content-Encoding: gzip|deflate``; ``identity``/absent pass through.
+
+    Raises:
+        SluiceError: UNSUPPORTED for other encodings, INVALID_ARG for a corrupt stream
+            or one that inflates past ``limit_bytes``.
+    """
+    if not encoding or encoding == "identity":
+        return body
+    if encoding == "gzip":
+        wbits = 16 + zlib.MAX_WBITS
+    elif encoding == "deflate":
+        wbits = zlib.MAX_WBITS
+    else:
+        raise SluiceError(ErrorCode.UNSUPPORTED, f"Unsupported compression type '{encoding}'")
+    inflater = zlib.decompressobj(wbits)
+    try:
+        out = inflater.decompress(body, limit_bytes + 1)
+    except zlib.error as exc:
+        raise invalid_arg(f"failed to decompress the {encoding} request body: {exc}") from None
+    if len(out) > limit_bytes or inflater.unconsumed_tail:
+        raise invalid_arg(f"decompressed request body exceeds the limit of {limit_bytes} bytes")
+    return out
+
+
+def negotiate_encoding(accept_encoding: str | None) -> str | None:
+    """``gzip`` or ``deflate`` when the client accepts one (``;q=`` weights honoured)."""
+    if not accept_encoding:
+        return None
+    best: tuple[float, str] | None = None
+    for part in accept_encoding.split(","):
+        name, _, params = part.strip().partition(";")
+        name = name.strip().lower()
+        if name not in ("gzip", "deflate"):
+            continue
+        q = 1.0
+        params = params.strip()
+        if params.startswith("q="):
+            try:
+                q = float(params[2:])
+            except ValueError:
+                q = 0.0
+        if q > 0 and (best is None or q > best[0]):
+            best = (q, name)
+    return None if best is None else best[1]
+
+
+def compress(body: bytes, encoding: str) -> bytes:
+    """Compress a response body with ``gzip`` or ``deflate`` (zlib stream)."""
+    if encoding == "gzip":
+        return gzip.compress(body, compresslevel=1)
+    return zlib.compress(body, 1)

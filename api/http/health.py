@@ -1,0 +1,38 @@
+"""Health endpoints (PROTOCOL.md 1.3): 200 or 400 with an empty body."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from api.http.responses import dataplane, empty
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/v2/health/live")
+async def live(request: Request) -> Response:
+    """200 while the gateway serves and Redis answers, else 400."""
+    return empty(200 if await dataplane(request).server_live() else 400)
+
+
+@router.get("/v2/health/ready")
+async def ready(request: Request) -> Response:
+    """200 when start-up is done and every model is READY, else 400."""
+    return empty(200 if await dataplane(request).server_ready() else 400)
+
+
+@router.get("/v2/models/{model_name}/ready")
+async def model_ready(request: Request, model_name: str) -> Response:
+    """200 when some version of the model is READY; errors as Triton's (404/503)."""
+    dp = dataplane(request)
+    await dp.registry.resolve(model_name, None)
+    return empty(200)
+
+
+@router.get("/v2/models/{model_name}/versions/{model_version:int}/ready")
+async def model_version_ready(request: Request, model_name: str, model_version: int) -> Response:
+    """200 when that version is READY; errors as Triton's (404/503)."""
+    await dataplane(request).registry.resolve(model_name, model_version)
+    return empty(200)

@@ -1,0 +1,572 @@
+"""HTTP inference bodies: JSON + binary tensor data in, JSON + binary tensor data out.
+
+Pure functions, no I/O. Request side follows Triton ``http_server.cc``
+(``HTTPAPIServer::InferRequestClass`` / ``ReadDataFromJson``), response side
+``WriteDataToJson`` and the binary tensor data extension
+(``reference/PROTOCOL.md`` sections 2 and 3). Tensors leave and enter in the
+wire layout of :class:`broker.messages.WireTensor` (raw little-endian bytes;
+BYTES as 4-byte length-prefixed elements), so nothing is re-encoded later.
+
+Triton reports JSON member/type problems as INTERNAL (500); Sluice answers them
+INVALID_ARG (400), keeping Triton's message text (PROTOCOL.md 1.14, 2.1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from broker.datatypes import (
+    ELEMENT_SIZES,
+    NUMPY_DTYPES,
+    deserialize_bytes,
+    element_count,
+    serialize_bytes,
+)
+from broker.errors import ErrorCode, SluiceError, invalid_arg
+from broker.messages import ParameterValue, RequestedOutput, WireTensor
+
+__all__ = ["HttpInferRequest", "encode_infer_response", "parse_infer_request"]
+
+#: Triton's limit on the nesting of a JSON ``data`` array (a flat list is depth 1).
+MAX_DATA_DEPTH = 100
+
+HEADER_LENGTH_HEADER = "Inference-Header-Content-Length"
+
+_SHM_PARAMS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
+_ONE_OF_MESSAGE = (
+    "Input must set only one of the following fields: 'data', 'binary_data_size' in "
+    "'parameters', 'shared_memory_region' in 'parameters'"
+)
+# TritonJson's type-mismatch texts, per target kind.
+_NOT_BOOL = "attempt to access JSON non-boolean as boolean"
+_NOT_INT = "attempt to access JSON non-signed-integer as signed-integer"
+_NOT_UINT = "attempt to access JSON non-unsigned-integer as unsigned-integer"
+_NOT_NUMBER = "attempt to access JSON non-number as number"
+_NOT_STRING = "attempt to access JSON non-string as string"
+_SHAPE_MISMATCH = "shape does not match true shape of 'data' field"
+
+_INT_TYPES = frozenset({int})
+_NUMBER_TYPES = frozenset({int, float})
+
+
+@dataclass(frozen=True, slots=True)
+class HttpInferRequest:
+    """One parsed ``POST /v2/models/{m}[/versions/{v}]/infer`` body.
+
+    Attributes:
+        client_id: the JSON ``id`` (echoed back), ``""`` when absent.
+        inputs: input tensors in request order, data in the wire layout.
+        outputs: the ``outputs`` the request lists, in its order; empty = all.
+        parameters: request parameters (``sequence_id``, ``priority``, custom
+            ones, …) without ``binary_data_output``.
+        binary_data_output: request-level default encoding for outputs that the
+            request does not list (binary tensor data extension, PROTOCOL.md 3.2).
+    """
+
+    client_id: str
+    inputs: tuple[WireTensor, ...]
+    outputs: tuple[RequestedOutput, ...]
+    parameters: dict[str, ParameterValue]
+    binary_data_output: bool
+
+
+# --------------------------------------------------------------------------- request
+
+
+def parse_infer_request(
+    body: bytes | bytearray | memoryview, header_length: int | None, *, model: str
+) -> HttpInferRequest:
+    """Parse an HTTP inference request body (JSON, optionally followed by binary data).
+
+    Args:
+        body: the whole (already decompressed) request body.
+        header_length: the ``Inference-Header-Content-Length`` value; ``None`` when
+            the header is absent (the whole body is JSON).
+        model: model name, for error messages.
+
+    Returns:
+        The request with every input's data in the wire layout. Sizes against
+        the model config are not checked here.
+
+    Raises:
+        SluiceError: INVALID_ARG for any malformed body (Triton's texts,
+            PROTOCOL.md 1.14); UNSUPPORTED for a raw binary request
+            (``header_length == 0``) or shared-memory tensors.
+    """
+    view = memoryview(body).cast("B")
+    total = len(view)
+    if header_length is None:
+        header_length = total
+    elif header_length < 0 or header_length > total:
+        raise invalid_arg(
+            f"inference header size should be in range (0, {total}), got: {header_length}",
+            model=model,
+        )
+    elif header_length == 0:
+        raise SluiceError(
+            ErrorCode.UNSUPPORTED,
+            f"raw binary request (Inference-Header-Content-Length: 0) for model '{model}' "
+            "is not supported",
+            model=model,
+        )
+
+    try:
+        document = orjson.loads(view[:header_length])
+    except orjson.JSONDecodeError as exc:
+        raise invalid_arg(f"failed to parse the request JSON buffer: {exc}", model=model) from None
+    if not isinstance(document, dict):
+        raise invalid_arg(
+            "failed to parse the request JSON buffer: the request must be a JSON object",
+            model=model,
+        )
+
+    client_id = document.get("id", "")
+    if not isinstance(client_id, str):
+        raise invalid_arg(f"Unable to parse 'id' for model '{model}': {_NOT_STRING}", model=model)
+
+    parameters, binary_data_output = _parse_request_parameters(document.get("parameters"), model)
+    inputs = _parse_inputs(document.get("inputs"), view, header_length, model)
+    outputs = _parse_outputs(document.get("outputs"), binary_data_output, model)
+    return HttpInferRequest(
+        client_id=client_id,
+        inputs=inputs,
+        outputs=outputs,
+        parameters=parameters,
+        binary_data_output=binary_data_output,
+    )
+
+
+def _parse_request_parameters(raw: object, model: str) -> tuple[dict[str, ParameterValue], bool]:
+    """Check the request ``parameters`` (PROTOCOL.md 2.3 table) and split off
+    ``binary_data_output``."""
+    if raw is None:
+        return {}, False
+    if not isinstance(raw, dict):
+        raise invalid_arg(
+            f"Unable to parse 'parameters' for model '{model}': expected a JSON object",
+            model=model,
+        )
+    parameters: dict[str, ParameterValue] = {}
+    binary_data_output = False
+    for key, value in raw.items():
+        if key.startswith("triton_"):
+            raise invalid_arg(
+                f"invalid parameter '{key}' for model '{model}': parameter keys starting "
+                "with 'triton_' are reserved for Triton usage and should not be specified",
+                model=model,
+            )
+        if key == "binary_data_output":
+            binary_data_output = _expect_bool(value, key, model)
+            continue
+        if key in ("sequence_start", "sequence_end"):
+            _expect_bool(value, key, model)
+        elif key in ("priority", "timeout"):
+            _expect_uint(value, key, model)
+        elif key == "sequence_id":
+            if not (isinstance(value, str) or _is_uint(value)):
+                raise _bad_parameter(key, "an unsigned integer or a string", value, model)
+        elif not isinstance(value, str | int | float):  # bool is an int
+            raise _bad_parameter(key, "a string, integer, boolean or number", value, model)
+        parameters[key] = value
+    return parameters, binary_data_output
+
+
+def _parse_inputs(
+    raw: object, view: memoryview, header_length: int, model: str
+) -> tuple[WireTensor, ...]:
+    """Read every input; binary ones take consecutive chunks after the JSON."""
+    if not isinstance(raw, list):
+        raise invalid_arg(
+            f"Unable to parse 'inputs' for model '{model}': expected a JSON array", model=model
+        )
+    offset = header_length
+    seen: set[str] = set()
+    tensors: list[WireTensor] = []
+    for item in raw:
+        if not isinstance(item, dict):
+            raise invalid_arg(
+                f"Unable to parse 'inputs' for model '{model}': expected an array of objects",
+                model=model,
+            )
+        name = item.get("name")
+        if not isinstance(name, str):
+            raise invalid_arg(
+                f"Unable to parse 'name' for an input of model '{model}': {_NOT_STRING}",
+                model=model,
+            )
+        if name in seen:
+            raise invalid_arg(f"input '{name}' already exists in request", model=model, tensor=name)
+        seen.add(name)
+        shape = _parse_shape(item.get("shape"), name, model)
+        datatype = item.get("datatype")
+        if not isinstance(datatype, str):
+            raise _unable("datatype", name, model, _NOT_STRING)
+        if datatype not in ELEMENT_SIZES:
+            raise invalid_arg(
+                f"invalid datatype '{datatype}' for input '{name}' of model '{model}'",
+                model=model,
+                tensor=name,
+            )
+
+        params = item.get("parameters", {})
+        if not isinstance(params, dict):
+            raise _unable("parameters", name, model, "expected a JSON object")
+        has_data = "data" in item
+        has_binary = "binary_data_size" in params
+        has_shm = "shared_memory_region" in params
+        if has_data + has_binary + has_shm != 1:
+            raise invalid_arg(
+                f"{_ONE_OF_MESSAGE} (input '{name}' of model '{model}')", model=model, tensor=name
+            )
+        if has_shm:
+            raise SluiceError(
+                ErrorCode.UNSUPPORTED,
+                f"input '{name}' of model '{model}': shared memory is not supported",
+                model=model,
+                tensor=name,
+            )
+        if has_binary:
+            size = params["binary_data_size"]
+            if not _is_uint(size):
+                raise _unable("binary_data_size", name, model, _NOT_UINT)
+            available = len(view) - offset
+            if size > available:
+                raise invalid_arg(
+                    f"unexpected size for input '{name}', expecting {size - available} "
+                    f"additional bytes for model '{model}'",
+                    model=model,
+                    tensor=name,
+                )
+            data = bytes(view[offset : offset + size])
+            offset += size
+        else:
+            data = _json_data_to_wire(item["data"], datatype, shape, name, model)
+        tensors.append(WireTensor(name=name, datatype=datatype, shape=shape, data=data))
+    if offset != len(view):
+        raise invalid_arg(f"unexpected additional input data for model '{model}'", model=model)
+    return tuple(tensors)
+
+
+def _parse_shape(raw: object, name: str, model: str) -> tuple[int, ...]:
+    if not isinstance(raw, list) or not all(_is_uint(dim) for dim in raw):
+        raise _unable("shape", name, model, "expected an array of non-negative integers")
+    return tuple(raw)
+
+
+def _parse_outputs(
+    raw: object, binary_data_output: bool, model: str
+) -> tuple[RequestedOutput, ...]:
+    """Read the ``outputs`` list; each output's ``binary_data`` beats the request default."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise invalid_arg(
+            f"Unable to parse 'outputs' for model '{model}': expected a JSON array", model=model
+        )
+    seen: set[str] = set()
+    outputs: list[RequestedOutput] = []
+    for item in raw:
+        if not isinstance(item, dict):
+            raise invalid_arg(
+                f"Unable to parse 'outputs' for model '{model}': expected an array of objects",
+                model=model,
+            )
+        name = item.get("name")
+        if not isinstance(name, str):
+            raise invalid_arg(
+                f"Unable to parse 'name' for an output of model '{model}': {_NOT_STRING}",
+                model=model,
+            )
+        if name in seen:
+            raise invalid_arg(
+                f"output '{name}' already exists in request", model=model, tensor=name
+            )
+        seen.add(name)
+        params = item.get("parameters", {})
+        if not isinstance(params, dict):
+            raise _unable("parameters", name, model, "expected a JSON object", kind="output")
+        if any(key in params for key in _SHM_PARAMS):
+            raise SluiceError(
+                ErrorCode.UNSUPPORTED,
+                f"output '{name}' of model '{model}': shared memory is not supported",
+                model=model,
+                tensor=name,
+            )
+        binary = params.get("binary_data", binary_data_output)
+        if not isinstance(binary, bool):
+            raise _unable("binary_data", name, model, _NOT_BOOL, kind="output")
+        class_count = params.get("classification", 0)
+        if not _is_uint(class_count):
+            raise _unable("classification", name, model, _NOT_UINT, kind="output")
+        outputs.append(RequestedOutput(name=name, binary=binary, class_count=class_count))
+    return tuple(outputs)
+
+
+def _json_data_to_wire(
+    raw: object, datatype: str, shape: tuple[int, ...], name: str, model: str
+) -> bytes:
+    """Convert a JSON ``data`` member (flat or nested) to wire bytes (PROTOCOL.md 2.1/2.2).
+
+    Only the total element count must equal the product of ``shape``; the
+    nesting need not mirror it. Integers out of range of a narrower type are
+    truncated as Triton's C casts do.
+    """
+    count = element_count(shape)
+    if count == 0:  # zero-element tensor: Triton ignores 'data'
+        return b""
+    if datatype in ("FP16", "BF16"):
+        raise invalid_arg(
+            f"receiving {datatype} data via JSON is not supported. Please use the binary "
+            f"data format for input '{name}' of model '{model}'",
+            model=model,
+            tensor=name,
+        )
+    if isinstance(raw, list):
+        flat, types = _flatten(raw, 1, name, model)
+    else:  # a lone scalar is one element, as in Triton's recursive reader
+        flat, types = [raw], {type(raw)}
+    if len(flat) != count:
+        raise _unable("data", name, model, _SHAPE_MISMATCH)
+
+    if datatype == "BYTES":
+        if not types <= {str}:
+            raise _unable("data", name, model, _NOT_STRING)
+        return serialize_bytes(flat)
+    if datatype == "BOOL":
+        if not types <= {bool}:
+            raise _unable("data", name, model, _NOT_BOOL)
+        return np.array(flat, dtype=np.bool_).tobytes()
+    target = NUMPY_DTYPES[datatype]
+    if target.kind == "f":
+        if not types <= _NUMBER_TYPES:
+            raise _unable("data", name, model, _NOT_NUMBER)
+        return np.array(flat, dtype=np.float64).astype(target).tobytes()
+    if target.kind == "i":
+        if not types <= _INT_TYPES:
+            raise _unable("data", name, model, _NOT_INT)
+        try:
+            values = np.array(flat, dtype=np.int64)
+        except OverflowError:
+            raise _unable("data", name, model, _NOT_INT) from None
+        return values.astype(target).tobytes()
+    # unsigned
+    if not types <= _INT_TYPES:
+        raise _unable("data", name, model, _NOT_UINT)
+    try:
+        values = np.array(flat, dtype=np.int64)
+        if values.min() < 0:
+            raise _unable("data", name, model, _NOT_UINT)
+    except OverflowError:  # some value >= 2**63: only uint64 holds it
+        try:
+            values = np.array(flat, dtype=np.uint64)
+        except OverflowError:
+            raise _unable("data", name, model, _NOT_UINT) from None
+    return values.astype(target).tobytes()
+
+
+def _flatten(data: list[Any], depth: int, name: str, model: str) -> tuple[list[Any], set[type]]:
+    """Flatten nested lists row-major; also return the set of leaf types.
+
+    A flat list costs one C-level pass (``set(map(type, ...))``).
+    """
+    if depth > MAX_DATA_DEPTH:
+        raise invalid_arg(
+            f"JSON nesting depth exceeds maximum allowed limit ({MAX_DATA_DEPTH}) "
+            f"in 'data' of input '{name}' of model '{model}'",
+            model=model,
+            tensor=name,
+        )
+    types = set(map(type, data))
+    if list not in types:
+        return data, types
+    flat: list[Any] = []
+    leaf_types: set[type] = set()
+    for item in data:
+        if type(item) is list:
+            sub, sub_types = _flatten(item, depth + 1, name, model)
+            flat.extend(sub)
+            leaf_types |= sub_types
+        else:
+            flat.append(item)
+            leaf_types.add(type(item))
+    return flat, leaf_types
+
+
+def _is_uint(value: object) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _expect_bool(value: object, key: str, model: str) -> bool:
+    if not isinstance(value, bool):
+        raise _bad_parameter(key, "a boolean", value, model)
+    return value
+
+
+def _expect_uint(value: object, key: str, model: str) -> None:
+    if not _is_uint(value):
+        raise _bad_parameter(key, "an unsigned integer", value, model)
+
+
+def _bad_parameter(key: str, expected: str, value: object, model: str) -> SluiceError:
+    return invalid_arg(
+        f"invalid value for parameter '{key}' in request for model '{model}': expected "
+        f"{expected}, got {_json_type(value)}",
+        model=model,
+    )
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "negative integer" if value < 0 else "integer"
+    return {float: "number", str: "string", list: "array", dict: "object"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _unable(member: str, name: str, model: str, reason: str, *, kind: str = "input") -> SluiceError:
+    return invalid_arg(
+        f"Unable to parse '{member}' for {kind} '{name}' of model '{model}': {reason}",
+        model=model,
+        tensor=name,
+    )
+
+
+# -------------------------------------------------------------------------- response
+
+
+def encode_infer_response(
+    *,
+    model: str,
+    version: str,
+    client_id: str,
+    outputs: Sequence[WireTensor],
+    requested: Sequence[RequestedOutput],
+    binary_data_output: bool,
+    parameters: Mapping[str, Any] | None = None,
+) -> tuple[bytes, dict[str, str]]:
+    """Build an HTTP inference response body (PROTOCOL.md 2.4, 3.1, 3.2).
+
+    Args:
+        model: model name (``model_name``).
+        version: model version that ran it (``model_version``, a string).
+        client_id: the request's ``id``; echoed only when non-empty.
+        outputs: tensors the model produced, wire layout.
+        requested: the request's ``outputs``; empty = every entry of ``outputs``
+            in that order, each encoded per ``binary_data_output``. Otherwise
+            only these, in this order, each per its ``binary`` flag. The caller
+            guarantees each name is in ``outputs``.
+        binary_data_output: the request-level default encoding.
+        parameters: response parameters; the member is left out when empty.
+
+    Returns:
+        ``(body, headers)``. With at least one binary output the body is the
+        JSON followed by the binary chunks in output order and the headers
+        carry ``Inference-Header-Content-Length`` and
+        ``Content-Type: application/octet-stream``; otherwise the body is JSON
+        and ``Content-Type`` is ``application/json``. JSON floats that are NaN
+        or infinite are written as ``null`` (orjson).
+
+    Raises:
+        SluiceError: INVALID_ARG for FP16/BF16 or non-UTF-8 BYTES asked for as
+            JSON; INTERNAL when a tensor's bytes do not fit its shape or a
+            requested output is missing.
+    """
+    if requested:
+        by_name = {tensor.name: tensor for tensor in outputs}
+        selected: list[tuple[WireTensor, bool]] = []
+        for wanted in requested:
+            tensor = by_name.get(wanted.name)
+            if tensor is None:
+                raise SluiceError(
+                    ErrorCode.INTERNAL,
+                    f"model '{model}' produced no output '{wanted.name}'",
+                    model=model,
+                    tensor=wanted.name,
+                )
+            selected.append((tensor, wanted.binary))
+    else:
+        selected = [(tensor, binary_data_output) for tensor in outputs]
+
+    response: dict[str, Any] = {"model_name": model, "model_version": version}
+    if client_id:
+        response["id"] = client_id
+    if parameters:
+        response["parameters"] = dict(parameters)
+    json_outputs: list[dict[str, Any]] = []
+    chunks: list[bytes] = []
+    for tensor, binary in selected:
+        entry: dict[str, Any] = {
+            "name": tensor.name,
+            "datatype": tensor.datatype,
+            "shape": list(tensor.shape),
+        }
+        if binary:
+            entry["parameters"] = {"binary_data_size": len(tensor.data)}
+            chunks.append(tensor.data)
+        else:
+            entry["data"] = _wire_to_json_data(tensor, model)
+        json_outputs.append(entry)
+    response["outputs"] = json_outputs
+
+    header = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not any(binary for _, binary in selected):
+        return header, {"Content-Type": "application/json"}
+    headers = {
+        HEADER_LENGTH_HEADER: str(len(header)),
+        "Content-Type": "application/octet-stream",
+    }
+    return b"".join([header, *chunks]), headers
+
+
+def _wire_to_json_data(tensor: WireTensor, model: str) -> Any:
+    """One output's flat JSON ``data``: a numpy array (orjson writes it) or a list of str."""
+    name, datatype = tensor.name, tensor.datatype
+    count = element_count(tensor.shape)
+    if datatype in ("FP16", "BF16"):
+        raise invalid_arg(
+            f"sending {datatype} data via JSON is not supported. Please use the binary data "
+            f"format for output '{name}' of model '{model}'",
+            model=model,
+            tensor=name,
+        )
+    if datatype == "BYTES":
+        try:
+            items = deserialize_bytes(tensor.data, count)
+        except ValueError as exc:
+            raise _size_mismatch(name, model, str(exc)) from None
+        try:
+            return [item.decode("utf-8") for item in items]
+        except UnicodeDecodeError:
+            raise invalid_arg(
+                f"output '{name}' of model '{model}' holds bytes that are not valid UTF-8; "
+                "ask for it in binary",
+                model=model,
+                tensor=name,
+            ) from None
+    expected = count * ELEMENT_SIZES[datatype]
+    if len(tensor.data) != expected:
+        raise _size_mismatch(name, model, f"{len(tensor.data)} bytes, expected {expected}")
+    if datatype == "BOOL":
+        return np.frombuffer(tensor.data, dtype=np.uint8) != 0
+    dtype = NUMPY_DTYPES[datatype]
+    # orjson serializes native-endian numpy arrays only.
+    return np.frombuffer(tensor.data, dtype=dtype).astype(dtype.newbyteorder("="), copy=False)
+
+
+def _size_mismatch(name: str, model: str, detail: str) -> SluiceError:
+    return SluiceError(
+        ErrorCode.INTERNAL,
+        f"output tensor shape does not match size of output for '{name}' of model "
+        f"'{model}': {detail}",
+        model=model,
+        tensor=name,
+    )

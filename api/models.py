@@ -1,0 +1,174 @@
+"""The gateway's view of the served models, read from Redis and cached briefly.
+
+Model and version resolution follow Triton (PROTOCOL.md 1.3, 1.14, 5.5): a
+request without a version goes to the highest-numbered READY version.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf import json_format
+from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
+
+from broker.datatypes import config_to_protocol
+from broker.errors import ErrorCode, SluiceError
+from broker.model_store import AsyncModelStore, ModelRecord, ModelState, VersionState
+from repository.render import config_to_json
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One config input or output, in protocol terms.
+
+    Attributes:
+        name: tensor name.
+        datatype: protocol datatype (``FP32``, ``BYTES``, …).
+        dims: config ``dims`` (batch dimension excluded; -1 = any size).
+        optional: Triton ``ModelInput.optional``.
+        is_shape_tensor: Triton ``is_shape_tensor``.
+    """
+
+    name: str
+    datatype: str
+    dims: tuple[int, ...]
+    optional: bool = False
+    is_shape_tensor: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ModelView:
+    """Everything a gateway needs to admit a request for one model."""
+
+    name: str
+    config: ModelConfig
+    config_json: dict[str, Any]
+    versions: dict[int, VersionState]
+    inputs: dict[str, TensorSpec]
+    outputs: dict[str, TensorSpec]
+    fetched_at: float = field(default=0.0, compare=False)
+
+    @property
+    def max_batch_size(self) -> int:
+        """Triton model_config.proto ``max_batch_size`` (0 = no batch dimension)."""
+        return int(self.config.max_batch_size)
+
+    @property
+    def platform(self) -> str:
+        """Metadata ``platform``: the config's platform, else its backend (PROTOCOL.md 1.5)."""
+        return self.config.platform or self.config.backend
+
+    @property
+    def decoupled(self) -> bool:
+        """Triton ``model_transaction_policy.decoupled``."""
+        return bool(self.config.model_transaction_policy.decoupled)
+
+    def ready_versions(self) -> list[int]:
+        """Versions in state READY, ascending."""
+        return sorted(v for v, s in self.versions.items() if s.state is ModelState.READY)
+
+    def resolve(self, version: int | None) -> int:
+        """The version a request for ``version`` (None = policy default) runs on.
+
+        Raises:
+            SluiceError: NOT_FOUND for an unknown version or none available;
+                UNAVAILABLE for a version that is loading or unloading.
+        """
+        if version is None:
+            ready = self.ready_versions()
+            if not ready:
+                raise SluiceError(
+                    ErrorCode.NOT_FOUND,
+                    f"Request for unknown model: '{self.name}' has no available versions",
+                    model=self.name,
+                )
+            return ready[-1]
+        state = self.versions.get(version)
+        if state is None or state.state in (ModelState.UNAVAILABLE, ModelState.UNKNOWN):
+            raise SluiceError(
+                ErrorCode.NOT_FOUND,
+                f"Request for unknown model: '{self.name}' version {version} is not found",
+                model=self.name,
+            )
+        if state.state is not ModelState.READY:
+            raise SluiceError(
+                ErrorCode.UNAVAILABLE,
+                f"Request for unknown model: '{self.name}' version {version} "
+                "is not at ready state",
+                model=self.name,
+            )
+        return version
+
+
+def _spec(tensor: Any) -> TensorSpec:
+    return TensorSpec(
+        name=tensor.name,
+        datatype=config_to_protocol(DataType.Name(tensor.data_type)),
+        dims=tuple(int(d) for d in tensor.dims),
+        optional=bool(getattr(tensor, "optional", False)),
+        is_shape_tensor=bool(tensor.is_shape_tensor),
+    )
+
+
+def build_view(record: ModelRecord) -> ModelView:
+    """Turn what Redis holds into a :class:`ModelView`."""
+    config = json_format.Parse(record.config_json, ModelConfig())
+    return ModelView(
+        name=record.name,
+        config=config,
+        config_json=config_to_json(config),
+        versions=record.versions,
+        inputs={t.name: _spec(t) for t in config.input},
+        outputs={t.name: _spec(t) for t in config.output},
+        fetched_at=time.monotonic(),
+    )
+
+
+class ModelRegistry:
+    """Cached model views of one gateway.
+
+    Args:
+        store: read access to the model records in Redis.
+        cache_s: how long a view is reused before Redis is read again, in seconds.
+    """
+
+    def __init__(self, store: AsyncModelStore, cache_s: float) -> None:
+        self._store = store
+        self._cache_s = cache_s
+        self._views: dict[str, ModelView] = {}
+
+    async def get(self, name: str) -> ModelView:
+        """The view of model ``name``.
+
+        Raises:
+            SluiceError: NOT_FOUND "Request for unknown model: 'm' is not found" when
+                the model never loaded.
+        """
+        view = self._views.get(name)
+        if view is not None and time.monotonic() - view.fetched_at < self._cache_s:
+            return view
+        record = await self._store.get(name)
+        if not record.config_json or not record.versions:
+            self._views.pop(name, None)
+            raise SluiceError(
+                ErrorCode.NOT_FOUND, f"Request for unknown model: '{name}' is not found",
+                model=name,
+            )
+        view = build_view(record)
+        self._views[name] = view
+        return view
+
+    async def resolve(self, name: str, version: int | None) -> tuple[ModelView, int]:
+        """The view of ``name`` and the version a request runs on (see :meth:`ModelView.resolve`)."""
+        view = await self.get(name)
+        return view, view.resolve(version)
+
+    async def records(self) -> list[ModelRecord]:
+        """Every model found in the repositories with its states (uncached)."""
+        return [await self._store.get(name) for name in await self._store.model_names()]
+
+    async def server_facts(self) -> dict[str, str]:
+        """Server-wide facts the supervisor published (startup phase, control mode)."""
+        return await self._store.server()

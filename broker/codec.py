@@ -1,0 +1,124 @@
+"""msgpack codec for ``broker.messages``: header fields plus raw tensor bytes.
+
+Tensor bytes are msgpack ``bin`` values (no base64, no JSON). The layout is a
+positional array so decoding allocates no field-name strings; ``_VERSION``
+guards against a mixed deployment reading a layout it does not know.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from broker.messages import (
+    ErrorInfo,
+    InferRequestMessage,
+    InferResponseMessage,
+    WireTensor,
+)
+
+_VERSION = 1
+
+
+class CodecError(ValueError):
+    """A message that is not a Sluice message of a known layout version."""
+
+
+def _pack_tensors(tensors: tuple[WireTensor, ...]) -> list[list[Any]]:
+    return [[t.name, t.datatype, list(t.shape), t.data] for t in tensors]
+
+
+def _unpack_tensors(raw: list[list[Any]]) -> tuple[WireTensor, ...]:
+    return tuple(WireTensor(n, d, tuple(s), b) for n, d, s, b in raw)
+
+
+def encode_request(message: InferRequestMessage) -> bytes:
+    """Serialize a request for ``XADD``; tensors travel as msgpack ``bin``."""
+    return msgpack.packb(
+        [
+            _VERSION,
+            message.request_id,
+            message.client_id,
+            message.model,
+            message.version,
+            _pack_tensors(message.inputs),
+            list(message.outputs),
+            message.parameters,
+            message.reply_to,
+            message.deadline_ns,
+            message.enqueued_ns,
+        ],
+        use_bin_type=True,
+    )
+
+
+def decode_request(payload: bytes) -> InferRequestMessage:
+    """Inverse of :func:`encode_request`.
+
+    Raises:
+        CodecError: not a request of layout version ``_VERSION``.
+    """
+    try:
+        fields = msgpack.unpackb(payload, raw=False)
+        (version, request_id, client_id, model, model_version, inputs, outputs,
+         parameters, reply_to, deadline_ns, enqueued_ns) = fields
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise CodecError(f"undecodable request message: {exc}") from exc
+    if version != _VERSION:
+        raise CodecError(f"request message layout {version}, expected {_VERSION}")
+    return InferRequestMessage(
+        request_id=request_id,
+        client_id=client_id,
+        model=model,
+        version=model_version,
+        inputs=_unpack_tensors(inputs),
+        outputs=tuple(outputs),
+        parameters=parameters,
+        reply_to=reply_to,
+        deadline_ns=deadline_ns,
+        enqueued_ns=enqueued_ns,
+    )
+
+
+def encode_response(message: InferResponseMessage) -> bytes:
+    """Serialize a response for the reply key."""
+    error = None if message.error is None else [message.error.code, message.error.message]
+    return msgpack.packb(
+        [
+            _VERSION,
+            message.request_id,
+            message.model,
+            message.version,
+            _pack_tensors(message.outputs),
+            error,
+            message.parameters,
+            message.timings,
+        ],
+        use_bin_type=True,
+    )
+
+
+def decode_response(payload: bytes) -> InferResponseMessage:
+    """Inverse of :func:`encode_response`.
+
+    Raises:
+        CodecError: not a response of layout version ``_VERSION``.
+    """
+    try:
+        version, request_id, model, model_version, outputs, error, parameters, timings = (
+            msgpack.unpackb(payload, raw=False)
+        )
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise CodecError(f"undecodable response message: {exc}") from exc
+    if version != _VERSION:
+        raise CodecError(f"response message layout {version}, expected {_VERSION}")
+    return InferResponseMessage(
+        request_id=request_id,
+        model=model,
+        version=model_version,
+        outputs=_unpack_tensors(outputs),
+        error=None if error is None else ErrorInfo(error[0], error[1]),
+        parameters=parameters,
+        timings=timings,
+    )

@@ -1,0 +1,56 @@
+"""The whole Redis key schema of Sluice, in one place.
+
+Every key starts with the deployment's prefix (default ``sluice:``). Keys of
+one model carry the hash tag ``{model}`` so a Redis Cluster keeps them in one
+slot (DESIGN.md "Redis holds the shared state").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: consumer group every instance of a model joins on the model's stream.
+WORKER_GROUP = "instances"
+
+
+@dataclass(frozen=True, slots=True)
+class KeySchema:
+    """Builds key names under one prefix.
+
+    Attributes:
+        prefix: namespace of one Sluice deployment, e.g. ``sluice:``.
+    """
+
+    prefix: str = "sluice:"
+
+    def queue(self, model: str, version: int) -> str:
+        """Stream of queued requests of one model version."""
+        return f"{self.prefix}{{{model}}}:q:{version}"
+
+    def reply(self, gateway_id: str) -> str:
+        """List a gateway process reads its responses from."""
+        return f"{self.prefix}reply:{gateway_id}"
+
+    def state(self, model: str) -> str:
+        """Hash: version -> JSON ``{"state", "reason"}``."""
+        return f"{self.prefix}{{{model}}}:state"
+
+    def config(self, model: str) -> str:
+        """String: the effective (completed) model config as protobuf JSON."""
+        return f"{self.prefix}{{{model}}}:config"
+
+    def instances(self, model: str, version: int) -> str:
+        """Hash: instance name -> JSON ``{"state", "pid", "reason"}``."""
+        return f"{self.prefix}{{{model}}}:instances:{version}"
+
+    def models(self) -> str:
+        """Hash: model name -> JSON of where it was found (the repository index)."""
+        return f"{self.prefix}models"
+
+    def server(self) -> str:
+        """Hash: server-wide facts (``startup``: ``loading`` | ``done``)."""
+        return f"{self.prefix}server"
+
+    def stats(self, model: str, version: int) -> str:
+        """Hash of counters and duration sums every process adds to."""
+        return f"{self.prefix}{{{model}}}:stats:{version}"

@@ -1,0 +1,106 @@
+"""The messages that cross Redis: one inference request, one response.
+
+Frozen dataclasses; ``broker.codec`` turns them into msgpack bytes and back.
+Tensors stay in their wire layout (raw little-endian bytes; BYTES as 4-byte
+length-prefixed elements) so no process re-encodes them on the way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ParameterValue = bool | int | float | str
+
+
+@dataclass(frozen=True, slots=True)
+class WireTensor:
+    """One tensor in the wire layout.
+
+    Attributes:
+        name: tensor name as in the model config.
+        datatype: protocol datatype (``FP32``, ``BYTES``, …).
+        shape: full shape, batch dimension included when the model batches.
+        data: row-major little-endian bytes; BYTES as 4-byte LE length + bytes per element.
+    """
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RequestedOutput:
+    """An output the client asked for.
+
+    Attributes:
+        name: output name as in the model config.
+        binary: HTTP only — return the data in the binary section (binary tensor extension).
+        class_count: classification extension ``k`` (0 = plain tensor).
+    """
+
+    name: str
+    binary: bool = False
+    class_count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class InferRequestMessage:
+    """One inference request as queued on a model's stream.
+
+    Attributes:
+        request_id: Sluice's unique id of this request (routes the reply).
+        client_id: the id the client gave (echoed back; may be empty).
+        model: model name.
+        version: the resolved model version (a concrete version number).
+        inputs: input tensors in request order.
+        outputs: names of requested outputs; empty = all outputs of the config.
+        parameters: request parameters (sequence/priority/timeout and custom ones).
+        reply_to: the Redis key the worker pushes the response to.
+        deadline_ns: wall-clock deadline, ns since the epoch (``time.time_ns``).
+        enqueued_ns: wall-clock time the gateway queued it, ns since the epoch.
+    """
+
+    request_id: str
+    client_id: str
+    model: str
+    version: int
+    inputs: tuple[WireTensor, ...]
+    outputs: tuple[str, ...]
+    parameters: dict[str, ParameterValue]
+    reply_to: str
+    deadline_ns: int
+    enqueued_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """An error that crossed a process boundary as data (code name + message)."""
+
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class InferResponseMessage:
+    """The answer to one request, pushed to the request's reply key.
+
+    Attributes:
+        request_id: Sluice's id of the request answered.
+        model: model name.
+        version: model version that ran it.
+        outputs: output tensors (empty on error).
+        error: set when the request failed; ``outputs`` is then empty.
+        parameters: response parameters set by the model.
+        timings: per-request durations in ns (queue, compute_input, compute_infer,
+            compute_output) as measured by the worker.
+    """
+
+    request_id: str
+    model: str
+    version: int
+    outputs: tuple[WireTensor, ...] = ()
+    error: ErrorInfo | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, int] = field(default_factory=dict)

@@ -1,0 +1,143 @@
+"""Model states, effective configs and the repository index, as kept in Redis.
+
+Every gateway answers readiness, metadata and config from here, so all of them
+answer alike; the supervisor and the workers write it. State names are
+Triton's (``ModelReadyState``: UNKNOWN, READY, UNAVAILABLE, LOADING, UNLOADING).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import redis
+import redis.asyncio
+
+from broker.keys import KeySchema
+
+
+class ModelState(StrEnum):
+    """Triton's model version states (repository index ``state``)."""
+
+    UNKNOWN = "UNKNOWN"
+    READY = "READY"
+    UNAVAILABLE = "UNAVAILABLE"
+    LOADING = "LOADING"
+    UNLOADING = "UNLOADING"
+
+
+@dataclass(frozen=True, slots=True)
+class VersionState:
+    """State of one model version and why it is in it (``reason`` may be empty)."""
+
+    state: ModelState
+    reason: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps({"state": self.state.value, "reason": self.reason})
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> VersionState:
+        data = json.loads(raw)
+        return cls(ModelState(data["state"]), data.get("reason", ""))
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRecord:
+    """What Redis holds about one model.
+
+    Attributes:
+        name: model name.
+        config_json: the effective config as protobuf JSON text ("" if never loaded).
+        versions: version -> state, for every version that ever had a state.
+    """
+
+    name: str
+    config_json: str
+    versions: dict[int, VersionState]
+
+
+def _decode_versions(raw: dict[bytes, bytes]) -> dict[int, VersionState]:
+    return {int(k): VersionState.from_json(v) for k, v in raw.items()}
+
+
+class ModelStore:
+    """Synchronous access, for the supervisor and the workers."""
+
+    def __init__(self, client: redis.Redis, keys: KeySchema) -> None:
+        self._redis = client
+        self._keys = keys
+
+    def register_models(self, found: dict[str, dict[str, Any]]) -> None:
+        """Replace the repository index with ``found`` (name -> where it lives)."""
+        key = self._keys.models()
+        pipe = self._redis.pipeline()
+        pipe.delete(key)
+        if found:
+            pipe.hset(key, mapping={n: json.dumps(v) for n, v in found.items()})
+        pipe.execute()
+
+    def publish_config(self, model: str, config_json: str) -> None:
+        """Store the effective config of ``model`` (protobuf JSON text)."""
+        self._redis.set(self._keys.config(model), config_json)
+
+    def set_state(self, model: str, version: int, state: VersionState) -> None:
+        """Record the state of one version."""
+        self._redis.hset(self._keys.state(model), str(version), state.to_json())
+
+    def clear_states(self, model: str) -> None:
+        """Forget every version state of ``model``."""
+        self._redis.delete(self._keys.state(model))
+
+    def get(self, model: str) -> ModelRecord:
+        """Config and version states of ``model`` (empty if Redis knows nothing)."""
+        pipe = self._redis.pipeline()
+        pipe.get(self._keys.config(model))
+        pipe.hgetall(self._keys.state(model))
+        config, states = pipe.execute()
+        return ModelRecord(model, (config or b"").decode(), _decode_versions(states))
+
+    def set_instance(self, model: str, version: int, instance: str, info: dict[str, Any]) -> None:
+        """Record the state of one model instance (a worker process)."""
+        self._redis.hset(self._keys.instances(model, version), instance, json.dumps(info))
+
+    def instances(self, model: str, version: int) -> dict[str, dict[str, Any]]:
+        """Instance name -> info for one model version."""
+        raw = self._redis.hgetall(self._keys.instances(model, version))
+        return {k.decode(): json.loads(v) for k, v in raw.items()}
+
+    def clear_instances(self, model: str, version: int) -> None:
+        """Forget the instances of one model version."""
+        self._redis.delete(self._keys.instances(model, version))
+
+    def set_server(self, **fields: str) -> None:
+        """Set server-wide facts (e.g. ``startup="done"``)."""
+        self._redis.hset(self._keys.server(), mapping=fields)
+
+
+class AsyncModelStore:
+    """Asynchronous read access, for the gateways."""
+
+    def __init__(self, client: redis.asyncio.Redis, keys: KeySchema) -> None:
+        self._redis = client
+        self._keys = keys
+
+    async def model_names(self) -> list[str]:
+        """Names of every model found in the repositories, sorted."""
+        names = await self._redis.hkeys(self._keys.models())
+        return sorted(n.decode() for n in names)
+
+    async def get(self, model: str) -> ModelRecord:
+        """Config and version states of ``model`` in one round trip."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.get(self._keys.config(model))
+            pipe.hgetall(self._keys.state(model))
+            config, states = await pipe.execute()
+        return ModelRecord(model, (config or b"").decode(), _decode_versions(states))
+
+    async def server(self) -> dict[str, str]:
+        """Server-wide facts."""
+        raw = await self._redis.hgetall(self._keys.server())
+        return {k.decode(): v.decode() for k, v in raw.items()}

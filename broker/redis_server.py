@@ -1,0 +1,65 @@
+"""Finding a Redis, or starting a private ``redis-server`` when none answers."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+
+import redis
+
+
+def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
+    """Whether ``PING`` on ``url`` succeeds within ``timeout_s`` seconds."""
+    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    try:
+        return bool(client.ping())
+    except redis.exceptions.RedisError:
+        return False
+    finally:
+        client.close()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def start_private_redis(timeout_s: float = 10.0) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``redis-server`` on a free loopback port, persisting nothing.
+
+    Returns:
+        The process and its URL (``redis://127.0.0.1:<port>/0``).
+
+    Raises:
+        RuntimeError: ``redis-server`` is not installed, or it did not answer within
+            ``timeout_s`` seconds.
+    """
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError(
+            "no Redis answers and redis-server is not installed: install it "
+            "(apt-get install redis-server) or pass --redis-url"
+        )
+    port = free_port()
+    workdir = tempfile.mkdtemp(prefix="sluice-redis-")
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", workdir, "--daemonize", "no", "--loglevel", "warning"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"redis-server exited with code {process.returncode} at start")
+        if redis_answers(url, 0.2):
+            return process, url
+        time.sleep(0.05)
+    process.kill()
+    raise RuntimeError(f"redis-server on port {port} did not answer within {timeout_s}s")

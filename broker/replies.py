@@ -1,0 +1,117 @@
+"""Reply routing on the gateway side: one reader per gateway process.
+
+Workers ``RPUSH`` each encoded response onto the reply key of the gateway that
+queued the request (``KeySchema.reply``). One asyncio task per gateway pops
+them in batches (``BLMPOP … COUNT``) and resolves the waiting future by
+request id. A response nobody waits for (a duplicate after pending-entry
+recovery, or one whose request already timed out) is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import redis.asyncio
+import redis.exceptions
+
+from broker.codec import CodecError, decode_response
+from broker.errors import ErrorCode, SluiceError
+from broker.messages import InferResponseMessage
+
+logger = logging.getLogger(__name__)
+
+#: how long one blocking pop waits before it is re-issued, in seconds.
+_POP_BLOCK_S = 1.0
+#: most responses taken per round trip.
+_POP_COUNT = 256
+
+
+class ReplyRouter:
+    """Resolves response futures of one gateway process.
+
+    Args:
+        client: the gateway's Redis client (the reader holds one pooled connection).
+        reply_key: this gateway's reply list.
+    """
+
+    def __init__(self, client: redis.asyncio.Redis, reply_key: str) -> None:
+        self._redis = client
+        self.reply_key = reply_key
+        self._waiting: dict[str, asyncio.Future[InferResponseMessage]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Start the reader task (idempotent)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._read_forever(), name="sluice-reply-reader")
+
+    async def stop(self) -> None:
+        """Stop the reader and fail every request still waiting (UNAVAILABLE)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(SluiceError(ErrorCode.UNAVAILABLE, "Server exiting"))
+        self._waiting.clear()
+
+    def expect(self, request_id: str) -> asyncio.Future[InferResponseMessage]:
+        """Register interest in ``request_id`` before the request is queued."""
+        future: asyncio.Future[InferResponseMessage] = asyncio.get_running_loop().create_future()
+        self._waiting[request_id] = future
+        return future
+
+    def forget(self, request_id: str) -> None:
+        """Stop waiting for ``request_id`` (its reply, if it comes, is dropped)."""
+        self._waiting.pop(request_id, None)
+
+    async def wait(
+        self, request_id: str, future: asyncio.Future[InferResponseMessage], deadline_ns: int
+    ) -> InferResponseMessage:
+        """Wait for the response of ``request_id`` until the wall-clock ``deadline_ns``.
+
+        Raises:
+            SluiceError: UNAVAILABLE "Request timeout expired" past the deadline.
+        """
+        timeout_s = max(0.0, (deadline_ns - time.time_ns()) / 1e9)
+        try:
+            return await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            raise SluiceError(ErrorCode.UNAVAILABLE, "Request timeout expired") from None
+        finally:
+            self._waiting.pop(request_id, None)
+
+    async def _read_forever(self) -> None:
+        backoff_s = 0.05
+        while True:
+            try:
+                popped = await self._redis.blmpop(
+                    _POP_BLOCK_S, 1, self.reply_key, direction="LEFT", count=_POP_COUNT
+                )
+                backoff_s = 0.05
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                logger.warning("reply reader lost Redis (%s); retrying in %.2fs", exc, backoff_s)
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, 2.0)
+                continue
+            if not popped:
+                continue
+            for payload in popped[1]:
+                self._deliver(payload)
+
+    def _deliver(self, payload: bytes) -> None:
+        try:
+            response = decode_response(payload)
+        except CodecError:
+            logger.exception("dropping an undecodable reply")
+            return
+        future = self._waiting.pop(response.request_id, None)
+        if future is None or future.done():
+            logger.debug("dropping reply for %s: nobody waits for it", response.request_id)
+            return
+        future.set_result(response)

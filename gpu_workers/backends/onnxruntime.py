@@ -1,0 +1,97 @@
+"""ONNX Runtime backend (Triton ``platform: onnxruntime_onnx``, ``backend: onnxruntime``).
+
+``onnxruntime`` is imported only when a model of this backend loads. The CUDA
+execution provider is used for ``KIND_GPU`` instances when the installed
+onnxruntime offers it (``onnxruntime-gpu``), else the CPU provider.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc.model_config_pb2 import ModelConfig
+
+from gpu_workers.backends.base import InstanceContext
+from gpu_workers.backends.tensor_adapter import TensorBackendAdapter
+from repository.autocomplete import ORT_TYPE_TO_CONFIG, TensorSignature, autocomplete_from_signature
+
+logger = logging.getLogger(__name__)
+
+
+def _model_path(path: Path) -> Path:
+    """A ``model.onnx`` directory holds the graph as ``model.onnx`` inside it (Triton 5.2)."""
+    return path / "model.onnx" if path.is_dir() else path
+
+
+def _signature(args: Sequence[Any]) -> list[TensorSignature]:
+    out = []
+    for arg in args:
+        dims = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in (arg.shape or ()))
+        out.append(TensorSignature(arg.name, ORT_TYPE_TO_CONFIG[arg.type], dims))
+    return out
+
+
+class OnnxRuntimeSession:
+    """One ``onnxruntime.InferenceSession`` (a :class:`TensorBackend`)."""
+
+    def __init__(self) -> None:
+        self._session: Any = None
+
+    def load(self, ctx: InstanceContext) -> None:
+        import onnxruntime as ort
+
+        providers = ["CPUExecutionProvider"]
+        if ctx.kind == "GPU":
+            if "CUDAExecutionProvider" not in ort.get_available_providers():
+                raise RuntimeError(
+                    f"model '{ctx.model_name}' instance '{ctx.instance_name}' is KIND_GPU but "
+                    "this onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)"
+                )
+            providers = [("CUDAExecutionProvider", {"device_id": ctx.device_id}),
+                         "CPUExecutionProvider"]
+        options = ort.SessionOptions()
+        params = ctx.config.parameters
+        if "intra_op_thread_count" in params:
+            options.intra_op_num_threads = int(params["intra_op_thread_count"].string_value)
+        if "inter_op_thread_count" in params:
+            options.inter_op_num_threads = int(params["inter_op_thread_count"].string_value)
+        self._session = ort.InferenceSession(
+            str(_model_path(ctx.model_file)), sess_options=options, providers=providers
+        )
+        logger.info("model '%s' instance '%s' loaded with %s", ctx.model_name,
+                    ctx.instance_name, self._session.get_providers())
+
+    def run(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
+        results = self._session.run(list(outputs), dict(inputs))
+        return dict(zip(outputs, results, strict=True))
+
+    def close(self) -> None:
+        self._session = None
+
+
+class OnnxRuntimeBackend(TensorBackendAdapter):
+    """The ``onnxruntime`` backend: :class:`OnnxRuntimeSession` behind the tensor adapter."""
+
+    def __init__(self) -> None:
+        super().__init__(OnnxRuntimeSession())
+
+    @staticmethod
+    def auto_complete(config: ModelConfig, version_dir: Path) -> None:
+        """Fill inputs/outputs/max_batch_size from the ONNX graph (Triton onnxruntime_backend).
+
+        Raises:
+            repository.ConfigError: the graph cannot batch but ``max_batch_size`` > 0.
+        """
+        if len(config.input) and len(config.output):
+            return
+        import onnxruntime as ort
+
+        path = _model_path(version_dir / (config.default_model_filename or "model.onnx"))
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        autocomplete_from_signature(
+            config, _signature(session.get_inputs()), _signature(session.get_outputs())
+        )

@@ -1,0 +1,69 @@
+"""Backend name -> implementation, imported on first use (uvicorn's import-string pattern).
+
+The gateway never imports this module's targets, so it starts without
+onnxruntime, torch or tensorrt installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from tritonclient.grpc.model_config_pb2 import ModelConfig
+
+from broker.errors import ErrorCode, SluiceError
+
+#: Triton ``backend`` name -> "module:attribute" of a class implementing ``Backend``.
+BACKENDS: dict[str, str] = {
+    "onnxruntime": "gpu_workers.backends.onnxruntime:OnnxRuntimeBackend",
+}
+
+
+def import_from_string(target: str) -> Any:
+    """Import ``"package.module:attribute"`` and return the attribute.
+
+    Raises:
+        ImportError: the module or attribute does not exist.
+    """
+    module_name, _, attribute = target.partition(":")
+    module = importlib.import_module(module_name)
+    try:
+        return getattr(module, attribute)
+    except AttributeError as exc:
+        raise ImportError(f"module '{module_name}' has no attribute '{attribute}'") from exc
+
+
+def backend_class(backend: str, model: str) -> Any:
+    """The class serving Triton backend ``backend``.
+
+    Raises:
+        SluiceError: UNSUPPORTED when Sluice has no such backend or it is not installed here.
+    """
+    target = BACKENDS.get(backend)
+    if target is None:
+        raise SluiceError(
+            ErrorCode.UNSUPPORTED,
+            f"model '{model}': backend '{backend}' is not supported by Sluice "
+            f"(supported: {', '.join(sorted(BACKENDS))})",
+            model=model,
+        )
+    try:
+        return import_from_string(target)
+    except ImportError as exc:
+        raise SluiceError(
+            ErrorCode.UNSUPPORTED,
+            f"model '{model}': backend '{backend}' is not installed here ({exc})",
+            model=model,
+        ) from exc
+
+
+def auto_complete(config: ModelConfig, version_dir: Path) -> None:
+    """Auto-complete hook for ``repository.load_model_config``: asks the model's backend.
+
+    Backends without an ``auto_complete`` static method leave the config as it is.
+    """
+    cls = backend_class(config.backend, config.name)
+    hook = getattr(cls, "auto_complete", None)
+    if hook is not None:
+        hook(config, version_dir)

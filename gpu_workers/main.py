@@ -1,0 +1,115 @@
+"""Worker process entry: one model instance (``sluice worker`` / ``python -m gpu_workers.main``).
+
+Reads the effective config the supervisor published in Redis, loads the
+backend, reports the instance READY (or UNAVAILABLE with the reason, then
+exits 1), and serves the model version's stream until SIGTERM/SIGINT; the
+batch in hand is finished before the instance finalizes (graceful stop,
+bounded by the supervisor's kill deadline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+import redis
+from google.protobuf import json_format
+from tritonclient.grpc.model_config_pb2 import ModelConfig
+
+from broker.consumer import StreamConsumer
+from broker.keys import KeySchema
+from broker.model_store import ModelStore
+from broker.settings import RedisSettings
+from gpu_workers.backends.base import InstanceContext
+from gpu_workers.backends.registry import backend_class
+from gpu_workers.loop import InstanceLoop
+
+logger = logging.getLogger("gpu_workers")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="sluice worker", description=__doc__)
+    parser.add_argument("--model", required=True, help="model name")
+    parser.add_argument("--version", required=True, type=int, help="model version")
+    parser.add_argument("--instance", required=True, help="instance name, unique per version")
+    parser.add_argument("--kind", default="CPU", choices=["CPU", "GPU", "MODEL"])
+    parser.add_argument("--device-id", type=int, default=0)
+    parser.add_argument("--model-dir", required=True, type=Path,
+                        help="the model's directory (holding config.pbtxt)")
+    parser.add_argument("--redis-url", default=os.environ.get("SLUICE_REDIS__URL",
+                                                              RedisSettings().url))
+    parser.add_argument("--key-prefix", default=os.environ.get("SLUICE_REDIS__KEY_PREFIX",
+                                                               RedisSettings().key_prefix))
+    parser.add_argument("--log-verbose", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one model instance; returns the process exit code."""
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.log_verbose else logging.INFO,
+        format=f"%(asctime)s %(levelname)s [worker {args.instance}] %(name)s: %(message)s",
+    )
+    keys = KeySchema(args.key_prefix)
+    client = redis.Redis.from_url(args.redis_url, protocol=2, socket_timeout=30,
+                                  health_check_interval=10)
+    store = ModelStore(client, keys)
+
+    def report(state: str, reason: str = "") -> None:
+        store.set_instance(args.model, args.version, args.instance,
+                           {"state": state, "reason": reason, "pid": os.getpid()})
+
+    report("LOADING")
+    try:
+        record = store.get(args.model)
+        config = json_format.Parse(record.config_json, ModelConfig())
+        ctx = InstanceContext(
+            model_name=args.model,
+            model_version=args.version,
+            config=config,
+            instance_name=args.instance,
+            kind=args.kind,
+            device_id=args.device_id,
+            model_dir=args.model_dir,
+            version_dir=args.model_dir / str(args.version),
+        )
+        backend = backend_class(config.backend, args.model)()
+        backend.initialize(ctx)
+    except Exception as exc:
+        logger.exception("instance %s of model '%s' failed to load", args.instance, args.model)
+        report("UNAVAILABLE", str(exc) or type(exc).__name__)
+        return 1
+
+    consumer = StreamConsumer(client, keys, args.model, args.version, args.instance)
+    consumer.ensure_group()
+    loop = InstanceLoop(consumer, backend, args.model, args.version,
+                        InstanceLoop.output_datatypes_of(config))
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        logger.info("signal %d: finishing the batch in hand", signum)
+        loop.stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    report("READY")
+    logger.info("instance %s of model '%s' version %d is ready", args.instance, args.model,
+                args.version)
+    try:
+        loop.run()
+    finally:
+        backend.finalize()
+        try:
+            report("STOPPED")
+        finally:
+            client.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
