@@ -17,6 +17,7 @@ from tritonclient.grpc.model_config_pb2 import (
     ModelOutput,
 )
 
+from repository.backend import ENSEMBLE_PLATFORM
 from repository.errors import ConfigError
 from repository.normalize import is_ensemble
 
@@ -205,11 +206,11 @@ def _check_instance_groups(check: _Checker, config: ModelConfig, gpu_ids: Sequen
 
 def _check_ensemble(check: _Checker, config: ModelConfig) -> None:
     """Triton model_config.proto: ensembles have ensemble_scheduling and no instance_group."""
-    if config.platform == "ensemble" and not config.HasField("ensemble_scheduling"):
+    if config.platform == ENSEMBLE_PLATFORM and not config.HasField("ensemble_scheduling"):
         raise check.fail(
             "ensemble_scheduling", "ensemble_scheduling must be set for an ensemble model"
         )
-    if config.platform != "ensemble":
+    if config.platform != ENSEMBLE_PLATFORM:
         raise check.fail(
             "ensemble_scheduling",
             "ensemble_scheduling is only allowed when platform is 'ensemble'",

@@ -35,6 +35,24 @@ def _signature(args: Sequence[Any]) -> list[TensorSignature]:
     return out
 
 
+def _as_ort_strings(name: str, array: np.ndarray) -> np.ndarray:
+    """ONNX string tensors hold text: BYTES elements are decoded as UTF-8.
+
+    Raises:
+        ValueError: an element is not valid UTF-8 (ONNX Runtime cannot hold it).
+    """
+    out = np.empty(array.shape, dtype=object)
+    flat_in, flat_out = array.reshape(-1), out.reshape(-1)
+    for i, item in enumerate(flat_in):
+        try:
+            flat_out[i] = item.decode("utf-8") if isinstance(item, bytes) else str(item)
+        except UnicodeDecodeError:
+            raise ValueError(
+                f"input '{name}' element {i} is not valid UTF-8; ONNX string tensors hold text"
+            ) from None
+    return out
+
+
 class OnnxRuntimeSession:
     """One ``onnxruntime.InferenceSession`` (a :class:`TensorBackend`)."""
 
@@ -66,7 +84,9 @@ class OnnxRuntimeSession:
                     ctx.instance_name, self._session.get_providers())
 
     def run(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
-        results = self._session.run(list(outputs), dict(inputs))
+        feed = {name: _as_ort_strings(name, a) if a.dtype == object else a
+                for name, a in inputs.items()}
+        results = self._session.run(list(outputs), feed)
         return dict(zip(outputs, results, strict=True))
 
     def close(self) -> None:

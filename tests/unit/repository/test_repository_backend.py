@@ -50,8 +50,12 @@ def _model(tmp_path: Path, name: str, entries: dict[str, str]) -> Path:
         ),
         # model.savedmodel must be a directory, model.plan a file
         ({"1/model.savedmodel": "file", "1/model.py": "file"}, "python", "", "model.py"),
-        ({"1/model.plan": "dir", "1/model.onnx": "file"}, "onnxruntime", "onnxruntime_onnx",
-         "model.onnx"),
+        (
+            {"1/model.plan": "dir", "1/model.onnx": "file"},
+            "onnxruntime",
+            "onnxruntime_onnx",
+            "model.onnx",
+        ),
         # only the lowest version directory is inspected
         ({"1/model.py": "file", "2/model.onnx": "file"}, "python", "", "model.py"),
     ],
@@ -120,9 +124,7 @@ def test_backend_from_directory_name(tmp_path: Path) -> None:
     ("entries", "versions"),
     [({"1/readme.txt": "file"}, [1]), ({}, [])],
 )
-def test_backend_undetermined(
-    tmp_path: Path, entries: dict[str, str], versions: list[int]
-) -> None:
+def test_backend_undetermined(tmp_path: Path, entries: dict[str, str], versions: list[int]) -> None:
     model_dir = _model(tmp_path, "m", entries)
     with pytest.raises(ConfigError, match="Could not determine backend for model 'm'"):
         resolve_backend(ModelConfig(name="m"), model_dir, versions)

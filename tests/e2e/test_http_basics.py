@@ -1,0 +1,116 @@
+"""HTTP front end driven by the unmodified tritonclient.http: health, metadata, config, index."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+
+pytestmark = pytest.mark.e2e
+
+
+def test_live_and_ready(http_client) -> None:
+    assert http_client.is_server_live() is True
+    assert http_client.is_server_ready() is True
+
+
+def test_model_ready(http_client) -> None:
+    assert http_client.is_model_ready("add_sub") is True
+    assert http_client.is_model_ready("add_sub", "1") is True
+    assert http_client.is_model_ready("nope") is False
+    assert http_client.is_model_ready("versioned", "3") is False
+
+
+def test_server_metadata(http_client) -> None:
+    meta = http_client.get_server_metadata()
+    assert meta["name"] == "triton"
+    assert "binary_tensor_data" in meta["extensions"]
+    assert "model_configuration" in meta["extensions"]
+    assert "statistics" not in meta["extensions"]  # not advertised until implemented
+
+
+def test_model_metadata(http_client) -> None:
+    meta = http_client.get_model_metadata("add_sub")
+    assert meta == {
+        "name": "add_sub",
+        "versions": ["1"],
+        "platform": "onnxruntime_onnx",
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, 16]},
+                   {"name": "INPUT1", "datatype": "FP32", "shape": [-1, 16]}],
+        "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, 16]},
+                    {"name": "OUTPUT1", "datatype": "FP32", "shape": [-1, 16]}],
+    }
+    assert http_client.get_model_metadata("nobatch")["inputs"][0]["shape"] == [-1]
+    assert http_client.get_model_metadata("versioned")["versions"] == ["1", "2"]
+    assert http_client.get_model_metadata("versioned", "1")["versions"] == ["1"]
+
+
+def test_model_config_shape(http_client) -> None:
+    cfg = http_client.get_model_config("add_sub")
+    assert cfg["name"] == "add_sub"
+    assert cfg["max_batch_size"] == 8
+    assert cfg["input"][0]["dims"] == [16]
+    assert cfg["input"][0]["data_type"] == "TYPE_FP32"
+    assert cfg["backend"] == "onnxruntime"
+    assert cfg["version_policy"] == {"latest": {"num_versions": 1}}
+    assert "sequence_batching" not in cfg
+    assert "dynamic_batching" not in cfg
+    assert cfg["instance_group"][0]["kind"] == "KIND_CPU"
+    assert cfg["instance_group"][0]["count"] == 1
+    assert cfg["optimization"]["input_pinned_memory"] == {"enable": True}
+    digits = http_client.get_model_config("digits")
+    assert digits["dynamic_batching"]["preferred_batch_size"] == [64]
+    assert digits["dynamic_batching"]["max_queue_delay_microseconds"] == 500
+
+
+def test_autocomplete_config(http_client) -> None:
+    cfg = http_client.get_model_config("auto_onnx")
+    assert cfg["max_batch_size"] == 4
+    assert cfg["platform"] == "onnxruntime_onnx"
+    assert sorted(t["name"] for t in cfg["input"]) == ["A", "B"]
+    assert all(t["dims"] == [16] and t["data_type"] == "TYPE_INT32" for t in cfg["input"])
+    assert cfg["dynamic_batching"]["preferred_batch_size"] == [4]
+    assert cfg["instance_group"] == [{
+        "name": "auto_onnx", "kind": "KIND_CPU", "count": 2, "gpus": [], "secondary_devices": [],
+        "profile": [], "passive": False, "host_policy": ""}]
+
+
+def test_repository_index(http_client) -> None:
+    index = http_client.get_model_repository_index()
+    by_name = {(e["name"], e.get("version")): e for e in index}
+    assert by_name[("add_sub", "1")]["state"] == "READY"
+    assert by_name[("versioned", "1")]["state"] == "READY"
+    assert by_name[("versioned", "2")]["state"] == "READY"
+    assert ("versioned", "3") not in by_name
+    assert [e["name"] for e in index] == sorted(e["name"] for e in index)
+
+
+def test_unknown_model_endpoints(server) -> None:
+    for path in ("/v2/models/nope", "/v2/models/nope/config", "/v2/models/nope/ready"):
+        response = requests.get(server.base + path, timeout=5)
+        assert response.status_code == 404, path
+        assert response.json() == {"error": "Request for unknown model: 'nope' is not found"}
+    response = requests.get(server.base + "/v2/models/versioned/versions/3", timeout=5)
+    assert response.status_code == 404
+    assert response.json()["error"] == (
+        "Request for unknown model: 'versioned' version 3 is not found")
+
+
+def test_unknown_route_and_method(server) -> None:
+    response = requests.get(server.base + "/v3/whatever", timeout=5)
+    assert (response.status_code, response.json()) == (404, {"error": "Not Found"})
+    response = requests.delete(server.base + "/v2/models/add_sub/infer", timeout=5)
+    assert (response.status_code, response.json()) == (405, {"error": "Method Not Allowed"})
+
+
+def test_health_bodies_are_empty(server) -> None:
+    ready = requests.get(server.base + "/v2/health/ready", timeout=5)
+    assert (ready.status_code, ready.content) == (200, b"")
+
+
+def test_load_refused_in_none_mode(http_client) -> None:
+    from tritonclient.utils import InferenceServerException
+
+    with pytest.raises(InferenceServerException) as info:
+        http_client.load_model("add_sub")
+    assert info.value.status() == "503"
+    assert "explicit model load / unload is not allowed" in info.value.message()

@@ -1,0 +1,281 @@
+"""Inference over HTTP with the unmodified tritonclient.http: binary and JSON tensors, errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+pytestmark = pytest.mark.e2e
+
+TYPES = {
+    "FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "INT8": np.int8,
+    "INT32": np.int32, "INT64": np.int64, "UINT8": np.uint8, "BOOL": np.bool_,
+}
+
+
+def _add_sub_inputs(a: np.ndarray, b: np.ndarray, binary: bool = True) -> list:
+    inputs = [httpclient.InferInput("INPUT0", list(a.shape), "FP32"),
+              httpclient.InferInput("INPUT1", list(b.shape), "FP32")]
+    inputs[0].set_data_from_numpy(a, binary_data=binary)
+    inputs[1].set_data_from_numpy(b, binary_data=binary)
+    return inputs
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_add_sub_exact(http_client, binary: bool) -> None:
+    a = np.arange(48, dtype=np.float32).reshape(3, 16) / 7
+    b = np.full((3, 16), 0.25, dtype=np.float32)
+    outputs = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary),
+               httpclient.InferRequestedOutput("OUTPUT1", binary_data=binary)]
+    result = http_client.infer("add_sub", _add_sub_inputs(a, b, binary), outputs=outputs)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    assert result.get_response()["model_version"] == "1"
+
+
+def test_no_outputs_listed_returns_all(http_client) -> None:
+    a = np.ones((1, 16), np.float32)
+    result = http_client.infer("add_sub", _add_sub_inputs(a, a))
+    names = [o["name"] for o in result.get_response()["outputs"]]
+    assert names == ["OUTPUT0", "OUTPUT1"]
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), np.zeros((1, 16), np.float32))
+
+
+def test_requested_output_subset_and_mixed_encoding(http_client) -> None:
+    a = np.ones((2, 16), np.float32)
+    outputs = [httpclient.InferRequestedOutput("OUTPUT1", binary_data=False)]
+    result = http_client.infer("add_sub", _add_sub_inputs(a, a * 3), outputs=outputs)
+    assert [o["name"] for o in result.get_response()["outputs"]] == ["OUTPUT1"]
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), np.full((2, 16), -2, np.float32))
+    mixed = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=True),
+             httpclient.InferRequestedOutput("OUTPUT1", binary_data=False)]
+    result = http_client.infer("add_sub", _add_sub_inputs(a, a * 3), outputs=mixed)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.full((2, 16), 4, np.float32))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), np.full((2, 16), -2, np.float32))
+
+
+def _types_inputs(binary: bool) -> tuple[list, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(7)
+    data: dict[str, np.ndarray] = {}
+    for name, dtype in TYPES.items():
+        if dtype is np.bool_:
+            data[name] = rng.integers(0, 2, (2, 4)).astype(bool)
+        elif np.issubdtype(dtype, np.floating):
+            data[name] = rng.standard_normal((2, 4)).astype(dtype)
+        else:
+            info = np.iinfo(dtype)
+            data[name] = rng.integers(max(info.min, -1000), min(info.max, 1000), (2, 4),
+                                      dtype=dtype)
+    data["BYTES"] = np.array([["héllo", "", "x" * 300], ["a", "b", "ünïcode"]], dtype=object)
+    data["BYTES"] = np.vectorize(lambda s: s.encode("utf-8"), otypes=[object])(data["BYTES"])
+    inputs = []
+    for name, array in data.items():
+        tensor = httpclient.InferInput(f"IN_{name}", list(array.shape), name)
+        tensor.set_data_from_numpy(array, binary_data=binary or name == "FP16")
+        inputs.append(tensor)
+    return inputs, data
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_every_datatype_round_trips(http_client, binary: bool) -> None:
+    inputs, data = _types_inputs(binary)
+    outputs = [httpclient.InferRequestedOutput(f"OUT_{n}", binary_data=binary or n == "FP16")
+               for n in data]
+    result = http_client.infer("identity_types", inputs, outputs=outputs)
+    for name, array in data.items():
+        got = result.as_numpy(f"OUT_{name}")
+        if name == "BYTES":
+            expected = array if binary else np.vectorize(lambda b: b.decode(), otypes=[object])(
+                array)
+            assert got.tolist() == expected.tolist()
+        else:
+            assert got.dtype == array.dtype, name
+            np.testing.assert_array_equal(got, array, err_msg=name)
+
+
+def test_fp16_json_rejected(http_client) -> None:
+    inputs, _ = _types_inputs(True)
+    outputs = [httpclient.InferRequestedOutput("OUT_FP16", binary_data=False)]
+    with pytest.raises(InferenceServerException) as info:
+        http_client.infer("identity_types", inputs, outputs=outputs)
+    assert info.value.status() == "400"
+    assert "FP16" in info.value.message()
+
+
+def test_versions(http_client) -> None:
+    x = np.ones((1, 4), np.float32)
+    tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(x)
+    assert http_client.infer("versioned", [tensor]).as_numpy("OUTPUT0").tolist() == [[2.0] * 4]
+    one = http_client.infer("versioned", [tensor], model_version="1")
+    assert one.as_numpy("OUTPUT0").tolist() == [[1.0] * 4]
+    assert one.get_response()["model_version"] == "1"
+    with pytest.raises(InferenceServerException) as info:
+        http_client.infer("versioned", [tensor], model_version="3")
+    assert info.value.status() == "404"
+    assert "'versioned' version 3 is not found" in info.value.message()
+
+
+def test_nobatch_model(http_client) -> None:
+    tensor = httpclient.InferInput("INPUT0", [5], "FP32")
+    tensor.set_data_from_numpy(np.arange(5, dtype=np.float32))
+    result = http_client.infer("nobatch", [tensor])
+    assert result.as_numpy("OUTPUT0").tolist() == [0.0, 2.0, 4.0, 6.0, 8.0]
+
+
+def test_request_id_echoed(http_client) -> None:
+    a = np.ones((1, 16), np.float32)
+    result = http_client.infer("add_sub", _add_sub_inputs(a, a), request_id="r-42")
+    assert result.get_response()["id"] == "r-42"
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compression(http_client, algorithm: str) -> None:
+    a = np.arange(16, dtype=np.float32).reshape(1, 16)
+    result = http_client.infer("add_sub", _add_sub_inputs(a, a),
+                               request_compression_algorithm=algorithm,
+                               response_compression_algorithm=algorithm)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a * 2)
+
+
+def test_digits_predictions_match_in_process(http_client, model_repository, examples) -> None:
+    import onnxruntime as ort
+
+    images, labels = examples.digits_test_split()
+    session = ort.InferenceSession(str(model_repository / "digits/1/model.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    expected = session.run(["label"], {"input": images})[0]
+    got = []
+    for start in range(0, len(images), 64):
+        batch = images[start:start + 64]
+        tensor = httpclient.InferInput("input", list(batch.shape), "FP32")
+        tensor.set_data_from_numpy(batch)
+        result = http_client.infer("digits", [tensor],
+                                   outputs=[httpclient.InferRequestedOutput("label")])
+        assert result.as_numpy("label").shape == (len(batch), 1)
+        got.extend(result.as_numpy("label").ravel().tolist())
+    assert got == expected.tolist()
+    assert np.mean(np.array(got) == labels) > 0.9
+
+
+def _error(http_client, model: str, inputs: list, **kwargs) -> InferenceServerException:
+    with pytest.raises(InferenceServerException) as info:
+        http_client.infer(model, inputs, **kwargs)
+    return info.value
+
+
+def test_error_unknown_model(http_client) -> None:
+    a = np.ones((1, 16), np.float32)
+    err = _error(http_client, "nope", _add_sub_inputs(a, a))
+    assert err.status() == "404"
+    assert err.message() == "Request for unknown model: 'nope' is not found"
+
+
+def test_error_wrong_input_name(http_client) -> None:
+    a = np.ones((1, 16), np.float32)
+    inputs = _add_sub_inputs(a, a)
+    wrong = httpclient.InferInput("INPUTX", [1, 16], "FP32")
+    wrong.set_data_from_numpy(a)
+    err = _error(http_client, "add_sub", [inputs[0], wrong])
+    assert err.status() == "400"
+    assert "unexpected inference input 'INPUTX' for model 'add_sub'" in err.message()
+
+
+def test_error_missing_input(http_client) -> None:
+    a = np.ones((1, 16), np.float32)
+    err = _error(http_client, "add_sub", _add_sub_inputs(a, a)[:1])
+    assert err.status() == "400"
+    assert "expected 2 inputs but got 1 inputs for model 'add_sub'" in err.message()
+
+
+def test_error_wrong_datatype(http_client) -> None:
+    a = np.ones((1, 16), np.float64)
+    inputs = [httpclient.InferInput("INPUT0", [1, 16], "FP64"),
+              httpclient.InferInput("INPUT1", [1, 16], "FP64")]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(a)
+    err = _error(http_client, "add_sub", inputs)
+    assert err.status() == "400"
+    assert err.message() == ("inference input 'INPUT0' data-type is 'FP64', but model "
+                             "'add_sub' expects 'FP32'")
+
+
+def test_error_wrong_shape(http_client) -> None:
+    a = np.ones((1, 15), np.float32)
+    err = _error(http_client, "add_sub", _add_sub_inputs(a, a))
+    assert err.status() == "400"
+    assert err.message() == ("unexpected shape for input 'INPUT0' for model 'add_sub'. "
+                             "Expected [-1,16], got [1,15]")
+
+
+def test_error_batch_too_large(http_client) -> None:
+    a = np.ones((9, 16), np.float32)
+    err = _error(http_client, "add_sub", _add_sub_inputs(a, a))
+    assert err.status() == "400"
+    assert "inference request batch-size must be <= 8 for 'add_sub'" in err.message()
+
+
+def test_error_unknown_output(http_client) -> None:
+    a = np.ones((1, 16), np.float32)
+    err = _error(http_client, "add_sub", _add_sub_inputs(a, a),
+                 outputs=[httpclient.InferRequestedOutput("NOPE")])
+    assert err.status() == "400"
+    assert "unexpected inference output 'NOPE' for model 'add_sub'" in err.message()
+
+
+def _raw_infer(server, header: dict, binary: bytes = b"", **kwargs) -> requests.Response:
+    body = json.dumps(header).encode()
+    headers = {"Inference-Header-Content-Length": str(len(body))} if binary else {}
+    return requests.post(f"{server.base}/v2/models/add_sub/infer", data=body + binary,
+                         headers=headers, timeout=10, **kwargs)
+
+
+def test_error_byte_size_mismatch(server) -> None:
+    header = {"inputs": [
+        {"name": "INPUT0", "shape": [1, 16], "datatype": "FP32",
+         "parameters": {"binary_data_size": 60}},
+        {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32",
+         "parameters": {"binary_data_size": 64}}]}
+    response = _raw_infer(server, header, b"\0" * 124)
+    assert response.status_code == 400
+    assert response.json() == {"error": "input byte size mismatch for input 'INPUT0' for model "
+                                        "'add_sub'. Expected 64, got 60"}
+
+
+def test_error_binary_body_too_short(server) -> None:
+    header = {"inputs": [
+        {"name": "INPUT0", "shape": [1, 16], "datatype": "FP32",
+         "parameters": {"binary_data_size": 64}},
+        {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32",
+         "parameters": {"binary_data_size": 64}}]}
+    response = _raw_infer(server, header, b"\0" * 100)
+    assert response.status_code == 400
+    assert "unexpected size for input 'INPUT1'" in response.json()["error"]
+
+
+def test_error_malformed_json(server) -> None:
+    response = requests.post(f"{server.base}/v2/models/add_sub/infer", data=b"{not json",
+                             timeout=10)
+    assert response.status_code == 400
+    assert response.json()["error"].startswith("failed to parse the request JSON buffer")
+
+
+def test_error_oversized_body(server, http_client) -> None:
+    response = requests.post(f"{server.base}/v2/models/add_sub/infer",
+                             data=b" " * (9 * 1024 * 1024), timeout=30)
+    assert response.status_code == 400
+    assert "exceeds the limit of 8388608 bytes" in response.json()["error"]
+    test_add_sub_exact(http_client, True)  # still serving
+
+
+def test_server_still_serving_after_errors(http_client) -> None:
+    a = np.ones((1, 15), np.float32)
+    for _ in range(3):
+        _error(http_client, "add_sub", _add_sub_inputs(a, a))
+    assert http_client.is_server_ready()
+    test_add_sub_exact(http_client, False)
