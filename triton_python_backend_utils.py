@@ -307,7 +307,8 @@ class Tensor:
             array = np.from_dlpack(source)
         except (TypeError, ValueError, RuntimeError, BufferError) as exc:
             raise TritonModelException(
-                f"Tensor '{name}': cannot read DLPack data ({exc}); Sluice supports CPU tensors only"
+                f"Tensor '{name}': cannot read DLPack data ({exc}); "
+                "Sluice supports CPU tensors only"
             ) from exc
         return Tensor(name, array)
 
@@ -705,7 +706,7 @@ class ModelConfig:
             return
         self._model_config[kind].append(dict(tensor))
 
-    def add_input(self, input: Mapping[str, Any]) -> None:  # noqa: A002 - Triton's name
+    def add_input(self, input: Mapping[str, Any]) -> None:
         """Add an input ``{name, data_type, dims, optional?}`` (merged if present).
 
         Raises:

@@ -87,8 +87,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             await dataplane.router.stop()
             await client.aclose()
 
-    app = FastAPI(title="Sluice", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    app = FastAPI(
+        title="Sluice", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
     for router in (health.router, metadata.router, infer.router, repository.router):
         app.include_router(router)
     app.add_exception_handler(SluiceError, _sluice_error)

@@ -24,25 +24,42 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve", help="Redis (if needed) + a gateway + every model instance")
-    p.add_argument("--model-repository", "--model-store", dest="model_repository",
-                   action="append", required=True, type=Path,
-                   help="model repository folder (repeatable)")
+    p.add_argument(
+        "--model-repository",
+        "--model-store",
+        dest="model_repository",
+        action="append",
+        required=True,
+        type=Path,
+        help="model repository folder (repeatable)",
+    )
     p.add_argument("--http-address", default="0.0.0.0")
     p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--redis-url", default=None,
-                   help="Redis URL (SLUICE_REDIS_URL / SLUICE_REDIS__URL; default "
-                        f"{DEFAULT_REDIS_URL}, or a private redis-server when none answers)")
+    p.add_argument(
+        "--redis-url",
+        default=None,
+        help="Redis URL (SLUICE_REDIS_URL / SLUICE_REDIS__URL; default "
+        f"{DEFAULT_REDIS_URL}, or a private redis-server when none answers)",
+    )
     p.add_argument("--key-prefix", default=os.environ.get("SLUICE_REDIS__KEY_PREFIX", "sluice:"))
     p.add_argument("--model-control-mode", default="none", choices=["none", "poll", "explicit"])
     p.add_argument("--exit-on-error", type=_bool, default=True)
     p.add_argument("--strict-readiness", type=_bool, default=True)
     p.add_argument("--disable-auto-complete-config", action="store_true")
-    p.add_argument("--strict-model-config", type=_bool, default=None,
-                   help="older spelling of --disable-auto-complete-config")
+    p.add_argument(
+        "--strict-model-config",
+        type=_bool,
+        default=None,
+        help="older spelling of --disable-auto-complete-config",
+    )
     p.add_argument("--model-config-name", default=None)
     p.add_argument("--exit-timeout-secs", type=float, default=30.0)
-    p.add_argument("--request-timeout-secs", type=float, default=60.0,
-                   help="longest wait for a response when the client sets none")
+    p.add_argument(
+        "--request-timeout-secs",
+        type=float,
+        default=60.0,
+        help="longest wait for a response when the client sets none",
+    )
     p.add_argument("--log-verbose", type=int, default=0)
 
 
@@ -56,8 +73,9 @@ def _resolve_redis(url: str | None) -> tuple[str, object | None]:
     if redis_answers(DEFAULT_REDIS_URL):
         return DEFAULT_REDIS_URL, None
     process, private_url = start_private_redis()
-    logger.info("no Redis at %s; started a private redis-server at %s", DEFAULT_REDIS_URL,
-                private_url)
+    logger.info(
+        "no Redis at %s; started a private redis-server at %s", DEFAULT_REDIS_URL, private_url
+    )
     return private_url, process
 
 
@@ -70,8 +88,9 @@ def serve(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s [serve] %(name)s: %(message)s",
     )
     if args.model_control_mode != "none":
-        logger.error("--model-control-mode=%s is not implemented yet; use 'none'",
-                     args.model_control_mode)
+        logger.error(
+            "--model-control-mode=%s is not implemented yet; use 'none'", args.model_control_mode
+        )
         return 2
     try:
         redis_url, redis_process = _resolve_redis(args.redis_url)
@@ -105,8 +124,9 @@ def serve(args: argparse.Namespace) -> int:
         for line in failures:
             logger.error("%s", line)
         if failures and options.exit_on_error:
-            logger.error("exiting: %d model(s) failed to load (--exit-on-error=true)",
-                         len(failures))
+            logger.error(
+                "exiting: %d model(s) failed to load (--exit-on-error=true)", len(failures)
+            )
             code = 1
         else:
             logger.info("serving on http://%s:%d", options.http_address, options.http_port)
@@ -121,14 +141,15 @@ def serve(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``sluice`` command."""
-    parser = argparse.ArgumentParser(prog="sluice", description="Triton-compatible inference "
-                                     "server whose requests travel through Redis")
+    parser = argparse.ArgumentParser(
+        prog="sluice",
+        description="Triton-compatible inference server whose requests travel through Redis",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     gateway = sub.add_parser("gateway", help="one stateless HTTP gateway")
     add_gateway_arguments(gateway)
-    sub.add_parser("worker", help="one model instance (see 'sluice worker --help')",
-                   add_help=False)
+    sub.add_parser("worker", help="one model instance (see 'sluice worker --help')", add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.command == "serve":
         if rest:

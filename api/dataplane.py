@@ -113,14 +113,18 @@ class DataPlane:
         """``GET /v2`` body (PROTOCOL.md 1.4)."""
         from api import __version__
 
-        return {"name": self.settings.server_id, "version": __version__,
-                "extensions": list(EXTENSIONS)}
+        return {
+            "name": self.settings.server_id,
+            "version": __version__,
+            "extensions": list(EXTENSIONS),
+        }
 
     async def model_metadata(self, model: str, version: int | None) -> dict[str, Any]:
         """``GET /v2/models/{m}`` body (PROTOCOL.md 1.5)."""
         view, resolved = await self.registry.resolve(model, version)
-        versions = [str(resolved)] if version is not None else [
-            str(v) for v in view.ready_versions()]
+        versions = (
+            [str(resolved)] if version is not None else [str(v) for v in view.ready_versions()]
+        )
 
         def shape(dims: Sequence[int]) -> list[int]:
             return [-1, *dims] if view.max_batch_size > 0 else list(dims)
@@ -129,10 +133,14 @@ class DataPlane:
             "name": view.name,
             "versions": versions,
             "platform": view.platform,
-            "inputs": [{"name": s.name, "datatype": s.datatype, "shape": shape(s.dims)}
-                       for s in view.inputs.values()],
-            "outputs": [{"name": s.name, "datatype": s.datatype, "shape": shape(s.dims)}
-                        for s in view.outputs.values()],
+            "inputs": [
+                {"name": s.name, "datatype": s.datatype, "shape": shape(s.dims)}
+                for s in view.inputs.values()
+            ],
+            "outputs": [
+                {"name": s.name, "datatype": s.datatype, "shape": shape(s.dims)}
+                for s in view.outputs.values()
+            ],
         }
 
     async def model_config(self, model: str, version: int | None) -> ModelView:
@@ -151,8 +159,7 @@ class DataPlane:
             for version, state in sorted(record.versions.items()):
                 if ready_only and state.state is not ModelState.READY:
                     continue
-                entry = {"name": record.name, "version": str(version),
-                         "state": state.state.value}
+                entry = {"name": record.name, "version": str(version), "state": state.state.value}
                 if state.reason:
                     entry["reason"] = state.reason
                 entries.append(entry)
@@ -206,7 +213,9 @@ class DataPlane:
             raise SluiceError(
                 ErrorCode.UNSUPPORTED,
                 f"model '{model}': HTTP end point doesn't support models with decoupled "
-                "transaction policy", model=model)
+                "transaction policy",
+                model=model,
+            )
         validate_request(view, inputs, outputs)
         now_ns = time.time_ns()
         request_id = uuid.uuid4().hex
@@ -231,5 +240,6 @@ class DataPlane:
         response = await self.router.wait(request_id, future, message.deadline_ns)
         if response.error is not None:
             raise SluiceError(response.error.code, response.error.message, model=model)
-        return InferResult(model, response.version, client_id, response.outputs,
-                           dict(response.parameters))
+        return InferResult(
+            model, response.version, client_id, response.outputs, dict(response.parameters)
+        )

@@ -31,8 +31,12 @@ def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis-url", default=None, help="Redis URL (SLUICE_REDIS__URL)")
     parser.add_argument("--key-prefix", default=None, help="Redis key prefix (sluice:)")
     parser.add_argument("--strict-readiness", type=_bool, default=None)
-    parser.add_argument("--request-timeout-secs", type=float, default=None,
-                        help="longest wait for a response when the client sets none (60)")
+    parser.add_argument(
+        "--request-timeout-secs",
+        type=float,
+        default=None,
+        help="longest wait for a response when the client sets none (60)",
+    )
     parser.add_argument("--log-verbose", type=int, default=None)
 
 
@@ -44,10 +48,13 @@ def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
         http["address"] = args.http_address
     if args.http_port is not None:
         http["port"] = args.http_port
-    redis_settings = settings.redis.model_copy(update={
-        k: v for k, v in (("url", args.redis_url), ("key_prefix", args.key_prefix))
-        if v is not None
-    })
+    redis_settings = settings.redis.model_copy(
+        update={
+            k: v
+            for k, v in (("url", args.redis_url), ("key_prefix", args.key_prefix))
+            if v is not None
+        }
+    )
     update: dict[str, object] = {"http": HttpSettings(**http), "redis": redis_settings}
     if args.strict_readiness is not None:
         update["strict_readiness"] = args.strict_readiness

@@ -95,8 +95,7 @@ class ModelView:
         if state.state is not ModelState.READY:
             raise SluiceError(
                 ErrorCode.UNAVAILABLE,
-                f"Request for unknown model: '{self.name}' version {version} "
-                "is not at ready state",
+                f"Request for unknown model: '{self.name}' version {version} is not at ready state",
                 model=self.name,
             )
         return version
@@ -153,7 +152,8 @@ class ModelRegistry:
         if not record.config_json or not record.versions:
             self._views.pop(name, None)
             raise SluiceError(
-                ErrorCode.NOT_FOUND, f"Request for unknown model: '{name}' is not found",
+                ErrorCode.NOT_FOUND,
+                f"Request for unknown model: '{name}' is not found",
                 model=name,
             )
         view = build_view(record)
@@ -161,7 +161,7 @@ class ModelRegistry:
         return view
 
     async def resolve(self, name: str, version: int | None) -> tuple[ModelView, int]:
-        """The view of ``name`` and the version a request runs on (see :meth:`ModelView.resolve`)."""
+        """The view of ``name`` and the version a request runs on (:meth:`ModelView.resolve`)."""
         view = await self.get(name)
         return view, view.resolve(version)
 

@@ -29,8 +29,9 @@ class HttpSettings(BaseModel):
 class GatewaySettings(BaseSettings):
     """Everything one gateway process needs."""
 
-    model_config = SettingsConfigDict(env_prefix="SLUICE_", env_nested_delimiter="__",
-                                      env_file=".env", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="SLUICE_", env_nested_delimiter="__", env_file=".env", extra="ignore"
+    )
 
     redis: RedisSettings = RedisSettings()
     http: HttpSettings = HttpSettings()

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from api.models import ModelView, TensorSpec
 from broker.datatypes import ELEMENT_SIZES, deserialize_bytes, element_count
 from broker.errors import invalid_arg
 from broker.messages import RequestedOutput, WireTensor
-from api.models import ModelView, TensorSpec
 
 
 def _dims_text(dims: Sequence[int]) -> str:
@@ -20,7 +20,9 @@ def _dims_text(dims: Sequence[int]) -> str:
 
 
 def _shape_matches(shape: Sequence[int], dims: Sequence[int]) -> bool:
-    return len(shape) == len(dims) and all(d == -1 or d == s for s, d in zip(shape, dims, strict=True))
+    return len(shape) == len(dims) and all(
+        d == -1 or d == s for s, d in zip(shape, dims, strict=True)
+    )
 
 
 def validate_request(
@@ -42,12 +44,18 @@ def validate_request(
     model = view.name
     for requested in outputs:
         if requested.name not in view.outputs:
-            raise invalid_arg(f"unexpected inference output '{requested.name}' for model "
-                              f"'{model}'", model=model, tensor=requested.name)
+            raise invalid_arg(
+                f"unexpected inference output '{requested.name}' for model '{model}'",
+                model=model,
+                tensor=requested.name,
+            )
     for tensor in inputs:
         if tensor.name not in view.inputs:
-            raise invalid_arg(f"unexpected inference input '{tensor.name}' for model '{model}'",
-                              model=model, tensor=tensor.name)
+            raise invalid_arg(
+                f"unexpected inference input '{tensor.name}' for model '{model}'",
+                model=model,
+                tensor=tensor.name,
+            )
     required = sum(1 for spec in view.inputs.values() if not spec.optional)
     given = {t.name for t in inputs}
     missing = [s.name for s in view.inputs.values() if not s.optional and s.name not in given]
@@ -56,11 +64,15 @@ def validate_request(
         if total == required:
             expected = f"expected {required} inputs but got {len(inputs)} inputs"
         else:
-            expected = (f"expected number of inputs between {required} and {total} "
-                        f"but got {len(inputs)} inputs")
-        raise invalid_arg(f"{expected} for model '{model}'; missing: "
-                          f"{', '.join(repr(n) for n in missing)}", model=model,
-                          tensor=missing[0])
+            expected = (
+                f"expected number of inputs between {required} and {total} "
+                f"but got {len(inputs)} inputs"
+            )
+        raise invalid_arg(
+            f"{expected} for model '{model}'; missing: {', '.join(repr(n) for n in missing)}",
+            model=model,
+            tensor=missing[0],
+        )
     batch = _batch_size(view, inputs)
     for tensor in inputs:
         _check_tensor(view, view.inputs[tensor.name], tensor, batch)
@@ -80,18 +92,25 @@ def _batch_size(view: ModelView, inputs: Sequence[WireTensor]) -> int:
                 f"input '{tensor.name}' for model '{model}' has no batch dimension: "
                 f"model batches (max_batch_size {view.max_batch_size}) so the shape must be "
                 f"[batch-size] + {_dims_text(view.inputs[tensor.name].dims)}",
-                model=model, tensor=tensor.name)
+                model=model,
+                tensor=tensor.name,
+            )
         if batch is None:
             batch = tensor.shape[0]
         elif tensor.shape[0] != batch:
             raise invalid_arg(
                 f"input '{tensor.name}' batch size does not match other inputs for '{model}': "
-                f"{tensor.shape[0]} vs {batch}", model=model, tensor=tensor.name)
+                f"{tensor.shape[0]} vs {batch}",
+                model=model,
+                tensor=tensor.name,
+            )
     batch = batch or 0
     if batch > view.max_batch_size:
         raise invalid_arg(
             f"inference request batch-size must be <= {view.max_batch_size} for '{model}', "
-            f"got {batch}", model=model)
+            f"got {batch}",
+            model=model,
+        )
     return batch
 
 
@@ -100,7 +119,10 @@ def _check_tensor(view: ModelView, spec: TensorSpec, tensor: WireTensor, batch: 
     if tensor.datatype != spec.datatype:
         raise invalid_arg(
             f"inference input '{tensor.name}' data-type is '{tensor.datatype}', but model "
-            f"'{model}' expects '{spec.datatype}'", model=model, tensor=tensor.name)
+            f"'{model}' expects '{spec.datatype}'",
+            model=model,
+            tensor=tensor.name,
+        )
     batching = view.max_batch_size > 0 and not spec.is_shape_tensor
     item_shape = tensor.shape[1:] if batching else tensor.shape
     if not _shape_matches(item_shape, spec.dims):
@@ -108,18 +130,23 @@ def _check_tensor(view: ModelView, spec: TensorSpec, tensor: WireTensor, batch: 
         raise invalid_arg(
             f"unexpected shape for input '{tensor.name}' for model '{model}'. Expected "
             f"{_dims_text(expected)}, got {_dims_text(tensor.shape)}",
-            model=model, tensor=tensor.name)
+            model=model,
+            tensor=tensor.name,
+        )
     count = element_count(tensor.shape)
     if spec.datatype == "BYTES":
         try:
             deserialize_bytes(tensor.data, count)
         except ValueError as exc:
             raise invalid_arg(
-                f"input '{tensor.name}' for model '{model}': {exc}", model=model,
-                tensor=tensor.name) from None
+                f"input '{tensor.name}' for model '{model}': {exc}", model=model, tensor=tensor.name
+            ) from None
         return
     expected_bytes = count * ELEMENT_SIZES[spec.datatype]
     if len(tensor.data) != expected_bytes:
         raise invalid_arg(
             f"input byte size mismatch for input '{tensor.name}' for model '{model}'. "
-            f"Expected {expected_bytes}, got {len(tensor.data)}", model=model, tensor=tensor.name)
+            f"Expected {expected_bytes}, got {len(tensor.data)}",
+            model=model,
+            tensor=tensor.name,
+        )

@@ -61,8 +61,19 @@ def decode_request(payload: bytes) -> InferRequestMessage:
     """
     try:
         fields = msgpack.unpackb(payload, raw=False)
-        (version, request_id, client_id, model, model_version, inputs, outputs,
-         parameters, reply_to, deadline_ns, enqueued_ns) = fields
+        (
+            version,
+            request_id,
+            client_id,
+            model,
+            model_version,
+            inputs,
+            outputs,
+            parameters,
+            reply_to,
+            deadline_ns,
+            enqueued_ns,
+        ) = fields
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise CodecError(f"undecodable request message: {exc}") from exc
     if version != _VERSION:

@@ -82,7 +82,7 @@ class StreamConsumer:
     def finish(
         self, responses: Sequence[tuple[str, InferResponseMessage]], entry_ids: Sequence[bytes]
     ) -> None:
-        """Push each ``(reply_key, response)``, then XACK + XDEL ``entry_ids``, in one round trip."""
+        """Push each ``(reply_key, response)``, then XACK + XDEL ``entry_ids``: one round trip."""
         pipe = self._redis.pipeline(transaction=False)
         for reply_key, response in responses:
             pipe.rpush(reply_key, encode_response(response))

@@ -38,9 +38,20 @@ if _bfloat16 is not None:
 
 #: protocol datatype name -> bytes per element (BYTES is variable: 0 here).
 ELEMENT_SIZES: dict[str, int] = {
-    "BOOL": 1, "UINT8": 1, "UINT16": 2, "UINT32": 4, "UINT64": 8,
-    "INT8": 1, "INT16": 2, "INT32": 4, "INT64": 8,
-    "FP16": 2, "BF16": 2, "FP32": 4, "FP64": 8, "BYTES": 0,
+    "BOOL": 1,
+    "UINT8": 1,
+    "UINT16": 2,
+    "UINT32": 4,
+    "UINT64": 8,
+    "INT8": 1,
+    "INT16": 2,
+    "INT32": 4,
+    "INT64": 8,
+    "FP16": 2,
+    "BF16": 2,
+    "FP32": 4,
+    "FP64": 8,
+    "BYTES": 0,
 }
 
 PROTOCOL_DATATYPES = frozenset(ELEMENT_SIZES)
@@ -148,6 +159,8 @@ def from_numpy(array: np.ndarray) -> tuple[str, list[int], bytes]:
         return datatype, shape, serialize_bytes(array.ravel(order="C"))
     if datatype == "BOOL":
         return datatype, shape, np.ascontiguousarray(array, dtype=np.bool_).tobytes()
-    return datatype, shape, np.ascontiguousarray(array).astype(
-        NUMPY_DTYPES[datatype], copy=False
-    ).tobytes()
+    return (
+        datatype,
+        shape,
+        np.ascontiguousarray(array).astype(NUMPY_DTYPES[datatype], copy=False).tobytes(),
+    )

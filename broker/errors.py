@@ -51,7 +51,9 @@ class SluiceError(Exception):
         return f"SluiceError({self.code.value}, {self.message!r})"
 
 
-def invalid_arg(message: str, *, model: str | None = None, tensor: str | None = None) -> SluiceError:
+def invalid_arg(
+    message: str, *, model: str | None = None, tensor: str | None = None
+) -> SluiceError:
     """Shorthand for an INVALID_ARG error (HTTP 400, gRPC INVALID_ARGUMENT)."""
     return SluiceError(ErrorCode.INVALID_ARG, message, model=model, tensor=tensor)
 

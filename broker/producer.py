@@ -23,10 +23,12 @@ async def enqueue(
         SluiceError: UNAVAILABLE when Redis cannot be reached.
     """
     try:
-        await client.xadd(keys.queue(message.model, message.version),
-                          {PAYLOAD_FIELD: encode_request(message)})
+        await client.xadd(
+            keys.queue(message.model, message.version), {PAYLOAD_FIELD: encode_request(message)}
+        )
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
         raise SluiceError(
-            ErrorCode.UNAVAILABLE, f"broker unavailable for model '{message.model}': {exc}",
+            ErrorCode.UNAVAILABLE,
+            f"broker unavailable for model '{message.model}': {exc}",
             model=message.model,
         ) from exc

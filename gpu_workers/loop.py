@@ -85,8 +85,9 @@ class InstanceLoop:
         self._consumer.finish(replies, [d.entry_id for d in deliveries])
 
     def _error(self, request_id: str, code: str, message: str) -> InferResponseMessage:
-        return InferResponseMessage(request_id, self._model, self._version,
-                                    error=ErrorInfo(code, message))
+        return InferResponseMessage(
+            request_id, self._model, self._version, error=ErrorInfo(code, message)
+        )
 
     def _serve_one(self, delivery: Delivery) -> InferResponseMessage:
         message = delivery.message
@@ -97,8 +98,9 @@ class InstanceLoop:
             inputs = {t.name: to_numpy(t.datatype, t.shape, t.data) for t in message.inputs}
         except ValueError as exc:
             return self._error(message.request_id, "INVALID_ARG", f"model '{self._model}': {exc}")
-        request = InferRequest(message.request_id, message.client_id, inputs,
-                               message.outputs, message.parameters)
+        request = InferRequest(
+            message.request_id, message.client_id, inputs, message.outputs, message.parameters
+        )
         input_done_ns = time.time_ns()
         try:
             results = self._backend.execute([request])
@@ -108,7 +110,8 @@ class InstanceLoop:
         infer_done_ns = time.time_ns()
         if len(results) != 1:
             return self._error(
-                message.request_id, "INTERNAL",
+                message.request_id,
+                "INTERNAL",
                 f"model '{self._model}' returned {len(results)} responses for 1 request",
             )
         result = results[0]
@@ -130,5 +133,12 @@ class InstanceLoop:
             "compute_infer": infer_done_ns - input_done_ns,
             "compute_output": done_ns - infer_done_ns,
         }
-        return InferResponseMessage(message.request_id, self._model, self._version, outputs,
-                                    None, dict(result.parameters), timings)
+        return InferResponseMessage(
+            message.request_id,
+            self._model,
+            self._version,
+            outputs,
+            None,
+            dict(result.parameters),
+            timings,
+        )

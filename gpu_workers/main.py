@@ -39,12 +39,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--instance", required=True, help="instance name, unique per version")
     parser.add_argument("--kind", default="CPU", choices=["CPU", "GPU", "MODEL"])
     parser.add_argument("--device-id", type=int, default=0)
-    parser.add_argument("--model-dir", required=True, type=Path,
-                        help="the model's directory (holding config.pbtxt)")
-    parser.add_argument("--redis-url", default=os.environ.get("SLUICE_REDIS__URL",
-                                                              RedisSettings().url))
-    parser.add_argument("--key-prefix", default=os.environ.get("SLUICE_REDIS__KEY_PREFIX",
-                                                               RedisSettings().key_prefix))
+    parser.add_argument(
+        "--model-dir", required=True, type=Path, help="the model's directory (holding config.pbtxt)"
+    )
+    parser.add_argument(
+        "--redis-url", default=os.environ.get("SLUICE_REDIS__URL", RedisSettings().url)
+    )
+    parser.add_argument(
+        "--key-prefix",
+        default=os.environ.get("SLUICE_REDIS__KEY_PREFIX", RedisSettings().key_prefix),
+    )
     parser.add_argument("--log-verbose", type=int, default=0)
     return parser.parse_args(argv)
 
@@ -57,13 +61,18 @@ def main(argv: list[str] | None = None) -> int:
         format=f"%(asctime)s %(levelname)s [worker {args.instance}] %(name)s: %(message)s",
     )
     keys = KeySchema(args.key_prefix)
-    client = redis.Redis.from_url(args.redis_url, protocol=2, socket_timeout=30,
-                                  health_check_interval=10)
+    client = redis.Redis.from_url(
+        args.redis_url, protocol=2, socket_timeout=30, health_check_interval=10
+    )
     store = ModelStore(client, keys)
 
     def report(state: str, reason: str = "") -> None:
-        store.set_instance(args.model, args.version, args.instance,
-                           {"state": state, "reason": reason, "pid": os.getpid()})
+        store.set_instance(
+            args.model,
+            args.version,
+            args.instance,
+            {"state": state, "reason": reason, "pid": os.getpid()},
+        )
 
     report("LOADING")
     try:
@@ -88,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
 
     consumer = StreamConsumer(client, keys, args.model, args.version, args.instance)
     consumer.ensure_group()
-    loop = InstanceLoop(consumer, backend, args.model, args.version,
-                        InstanceLoop.output_datatypes_of(config))
+    loop = InstanceLoop(
+        consumer, backend, args.model, args.version, InstanceLoop.output_datatypes_of(config)
+    )
 
     def stop(signum: int, _frame: FrameType | None) -> None:
         logger.info("signal %d: finishing the batch in hand", signum)
@@ -98,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     report("READY")
-    logger.info("instance %s of model '%s' version %d is ready", args.instance, args.model,
-                args.version)
+    logger.info(
+        "instance %s of model '%s' version %d is ready", args.instance, args.model, args.version
+    )
     try:
         loop.run()
     finally:

@@ -10,6 +10,7 @@ left behind. Children also get SIGTERM if the supervisor itself dies
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -34,8 +35,11 @@ from repository import ModelSource, load_model_config, scan_repositories, versio
 
 logger = logging.getLogger(__name__)
 
-_KIND_NAMES = {ModelInstanceGroup.KIND_CPU: "CPU", ModelInstanceGroup.KIND_GPU: "GPU",
-               ModelInstanceGroup.KIND_MODEL: "MODEL"}
+_KIND_NAMES = {
+    ModelInstanceGroup.KIND_CPU: "CPU",
+    ModelInstanceGroup.KIND_GPU: "GPU",
+    ModelInstanceGroup.KIND_MODEL: "MODEL",
+}
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
@@ -65,18 +69,18 @@ class Instance:
 class ServeOptions:
     """What ``sluice serve`` was asked to do (Triton's flag names in comments)."""
 
-    repositories: tuple[Path, ...]          # --model-repository
+    repositories: tuple[Path, ...]  # --model-repository
     redis_url: str
     key_prefix: str = "sluice:"
-    http_address: str = "0.0.0.0"           # --http-address
-    http_port: int = 8000                   # --http-port
-    model_control_mode: str = "none"        # --model-control-mode
-    exit_on_error: bool = True              # --exit-on-error
-    strict_readiness: bool = True           # --strict-readiness
-    strict_model_config: bool = False       # --disable-auto-complete-config
-    model_config_name: str | None = None    # --model-config-name
-    log_verbose: int = 0                    # --log-verbose
-    exit_timeout_s: float = 30.0            # --exit-timeout-secs
+    http_address: str = "0.0.0.0"  # --http-address
+    http_port: int = 8000  # --http-port
+    model_control_mode: str = "none"  # --model-control-mode
+    exit_on_error: bool = True  # --exit-on-error
+    strict_readiness: bool = True  # --strict-readiness
+    strict_model_config: bool = False  # --disable-auto-complete-config
+    model_config_name: str | None = None  # --model-config-name
+    log_verbose: int = 0  # --log-verbose
+    exit_timeout_s: float = 30.0  # --exit-timeout-secs
     load_timeout_s: float = 300.0
     request_timeout_s: float = 60.0
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -104,26 +108,51 @@ class Supervisor:
         return env
 
     def _spawn(self, argv: Sequence[str]) -> subprocess.Popen[bytes]:
-        return subprocess.Popen([sys.executable, *argv], env=self._env(),
-                                preexec_fn=_die_with_parent)
+        return subprocess.Popen(
+            [sys.executable, *argv], env=self._env(), preexec_fn=_die_with_parent
+        )
 
     def start_gateway(self) -> None:
         """Start the gateway process (HTTP front end)."""
         o = self.options
-        self.gateway = self._spawn([
-            "-m", "api.gateway", "--http-address", o.http_address, "--http-port", str(o.http_port),
-            "--log-verbose", str(o.log_verbose),
-            "--strict-readiness", "true" if o.strict_readiness else "false",
-            "--request-timeout-secs", str(o.request_timeout_s),
-        ])
+        self.gateway = self._spawn(
+            [
+                "-m",
+                "api.gateway",
+                "--http-address",
+                o.http_address,
+                "--http-port",
+                str(o.http_port),
+                "--log-verbose",
+                str(o.log_verbose),
+                "--strict-readiness",
+                "true" if o.strict_readiness else "false",
+                "--request-timeout-secs",
+                str(o.request_timeout_s),
+            ]
+        )
 
     def _start_instance(self, instance: Instance) -> None:
-        instance.process = self._spawn([
-            "-m", "gpu_workers.main", "--model", instance.model, "--version",
-            str(instance.version), "--instance", instance.name, "--kind", instance.kind,
-            "--device-id", str(instance.device_id), "--model-dir", str(instance.model_dir),
-            "--log-verbose", str(self.options.log_verbose),
-        ])
+        instance.process = self._spawn(
+            [
+                "-m",
+                "gpu_workers.main",
+                "--model",
+                instance.model,
+                "--version",
+                str(instance.version),
+                "--instance",
+                instance.name,
+                "--kind",
+                instance.kind,
+                "--device-id",
+                str(instance.device_id),
+                "--model-dir",
+                str(instance.model_dir),
+                "--log-verbose",
+                str(self.options.log_verbose),
+            ]
+        )
         instance.started_at = time.monotonic()
 
     # -- start-up --------------------------------------------------------------------------
@@ -148,8 +177,9 @@ class Supervisor:
         self.store.set_server(model_control_mode=self.options.model_control_mode)
         failures: list[str] = []
         for name, paths in scan.duplicates.items():
-            reason = (f"model '{name}' appears in more than one model repository: "
-                      + ", ".join(str(p) for p in paths))
+            reason = f"model '{name}' appears in more than one model repository: " + ", ".join(
+                str(p) for p in paths
+            )
             self.store.set_state(name, 1, VersionState(ModelState.UNAVAILABLE, reason))
             failures.append(reason)
         pending: list[tuple[str, int, list[Instance]]] = []
@@ -162,15 +192,17 @@ class Supervisor:
                 reason = str(exc) or type(exc).__name__
                 logger.error("failed to load model '%s': %s", name, reason)
                 for version in version_directories(source.path) or [1]:
-                    self.store.set_state(name, version,
-                                         VersionState(ModelState.UNAVAILABLE, reason))
+                    self.store.set_state(
+                        name, version, VersionState(ModelState.UNAVAILABLE, reason)
+                    )
                 failures.append(f"load failed for model '{name}': {reason}")
         for name, version, instances in pending:
             reason = self._await_ready(instances)
             if reason is None:
                 self.store.set_state(name, version, VersionState(ModelState.READY))
-                logger.info("model '%s' version %d is READY (%d instances)", name, version,
-                            len(instances))
+                logger.info(
+                    "model '%s' version %d is READY (%d instances)", name, version, len(instances)
+                )
             else:
                 self._stop_instances(instances)
                 self.store.set_state(name, version, VersionState(ModelState.UNAVAILABLE, reason))
@@ -200,8 +232,14 @@ class Supervisor:
                 for device in devices:
                     for index in range(group.count):
                         suffix = f"_gpu{device}" if kind == "GPU" else ""
-                        instance = Instance(source.name, version, f"{group.name}_{index}{suffix}",
-                                            kind, device, source.path)
+                        instance = Instance(
+                            source.name,
+                            version,
+                            f"{group.name}_{index}{suffix}",
+                            kind,
+                            device,
+                            source.path,
+                        )
                         self._start_instance(instance)
                         instances.append(instance)
             self.instances.extend(instances)
@@ -222,13 +260,17 @@ class Supervisor:
                     return info.get("reason") or "instance failed to load"
                 assert instance.process is not None
                 if instance.process.poll() is not None and info.get("state") != "READY":
-                    return (f"instance '{instance.name}' exited with code "
-                            f"{instance.process.returncode} while loading")
+                    return (
+                        f"instance '{instance.name}' exited with code "
+                        f"{instance.process.returncode} while loading"
+                    )
             if all(states.get(i.name, {}).get("state") == "READY" for i in instances):
                 return None
             time.sleep(0.05)
-        return f"model '{model}' version {version} did not load within " \
-               f"{self.options.load_timeout_s:.0f}s"
+        return (
+            f"model '{model}' version {version} did not load within "
+            f"{self.options.load_timeout_s:.0f}s"
+        )
 
     # -- steady state and shutdown ---------------------------------------------------------
 
@@ -245,8 +287,12 @@ class Supervisor:
                 delay = min(30.0, 0.5 * 2 ** min(instance.restarts, 6))
                 if time.monotonic() - instance.started_at < delay:
                     continue
-                logger.warning("instance '%s' of model '%s' exited with code %s; restarting",
-                               instance.name, instance.model, process.returncode)
+                logger.warning(
+                    "instance '%s' of model '%s' exited with code %s; restarting",
+                    instance.name,
+                    instance.model,
+                    process.returncode,
+                )
                 instance.restarts += 1
                 self._start_instance(instance)
             time.sleep(0.2)
@@ -269,10 +315,8 @@ class Supervisor:
         if self.gateway is not None:
             procs.append(self.gateway)
         _terminate(procs, self.options.exit_timeout_s)
-        try:
+        with contextlib.suppress(redis.exceptions.RedisError):
             self.store.set_server(startup="exiting")
-        except redis.exceptions.RedisError:
-            pass
         self.client.close()
 
 

@@ -16,9 +16,11 @@ TESTS = Path(__file__).parent
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--redis-url", default="redis://127.0.0.1:6379/0",
-                     help="Redis used by integration and e2e tests; started privately if "
-                          "it does not answer")
+    parser.addoption(
+        "--redis-url",
+        default="redis://127.0.0.1:6379/0",
+        help="Redis used by integration and e2e tests; started privately if it does not answer",
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

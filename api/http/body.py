@@ -18,8 +18,9 @@ async def read_body(request: Request, limit_bytes: int) -> bytes:
     """
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
-        raise invalid_arg(f"request body of {declared} bytes exceeds the limit of "
-                          f"{limit_bytes} bytes")
+        raise invalid_arg(
+            f"request body of {declared} bytes exceeds the limit of {limit_bytes} bytes"
+        )
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():

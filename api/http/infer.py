@@ -20,19 +20,22 @@ async def _infer(request: Request, model_name: str, version: int | None) -> Resp
     dp = dataplane(request)
     await dp.registry.resolve(model_name, version)  # unknown model: 404 before the body
     limit = dp.settings.http.max_body_bytes
-    body = decompress(await read_body(request, limit), request.headers.get("content-encoding"),
-                      limit)
+    body = decompress(
+        await read_body(request, limit), request.headers.get("content-encoding"), limit
+    )
     raw_length = request.headers.get(_HEADER_LENGTH)
     header_length: int | None = None
     if raw_length is not None:
         try:
             header_length = int(raw_length)
         except ValueError:
-            raise invalid_arg(f"inference header size should be in range (0, {len(body)}), "
-                              f"got: {raw_length}") from None
+            raise invalid_arg(
+                f"inference header size should be in range (0, {len(body)}), got: {raw_length}"
+            ) from None
     parsed = parse_infer_request(body, header_length, model=model_name)
-    result = await dp.infer(model_name, version, parsed.client_id, parsed.inputs,
-                            parsed.outputs, parsed.parameters)
+    result = await dp.infer(
+        model_name, version, parsed.client_id, parsed.inputs, parsed.outputs, parsed.parameters
+    )
     content, headers = encode_infer_response(
         model=model_name,
         version=str(result.version),

@@ -27,8 +27,10 @@ async def _json_body(request: Request) -> dict[str, object]:
 
 
 def _refuse_named_repository(repository_name: str) -> None:
-    raise SluiceError(ErrorCode.UNSUPPORTED,
-                      f"'repository_name' specification is not supported: '{repository_name}'")
+    raise SluiceError(
+        ErrorCode.UNSUPPORTED,
+        f"'repository_name' specification is not supported: '{repository_name}'",
+    )
 
 
 @router.post("/v2/repository/index")

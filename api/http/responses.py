@@ -13,8 +13,7 @@ from api.dataplane import DataPlane
 
 def json_response(content: Any, status_code: int = 200) -> Response:
     """A JSON body encoded with orjson (numpy-free, fast)."""
-    return Response(orjson.dumps(content), status_code=status_code,
-                    media_type="application/json")
+    return Response(orjson.dumps(content), status_code=status_code, media_type="application/json")
 
 
 def error_response(message: str, status_code: int) -> Response:

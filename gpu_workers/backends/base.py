@@ -103,7 +103,9 @@ class TensorBackend(Protocol):
     def load(self, ctx: InstanceContext) -> None:
         """Load the model file of ``ctx``."""
 
-    def run(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
+    def run(
+        self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+    ) -> dict[str, np.ndarray]:
         """Run the model; ``outputs`` are the config names of every output to produce."""
 
     def close(self) -> None:

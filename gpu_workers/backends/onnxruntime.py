@@ -69,8 +69,10 @@ class OnnxRuntimeSession:
                     f"model '{ctx.model_name}' instance '{ctx.instance_name}' is KIND_GPU but "
                     "this onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)"
                 )
-            providers = [("CUDAExecutionProvider", {"device_id": ctx.device_id}),
-                         "CPUExecutionProvider"]
+            providers = [
+                ("CUDAExecutionProvider", {"device_id": ctx.device_id}),
+                "CPUExecutionProvider",
+            ]
         options = ort.SessionOptions()
         params = ctx.config.parameters
         if "intra_op_thread_count" in params:
@@ -80,12 +82,19 @@ class OnnxRuntimeSession:
         self._session = ort.InferenceSession(
             str(_model_path(ctx.model_file)), sess_options=options, providers=providers
         )
-        logger.info("model '%s' instance '%s' loaded with %s", ctx.model_name,
-                    ctx.instance_name, self._session.get_providers())
+        logger.info(
+            "model '%s' instance '%s' loaded with %s",
+            ctx.model_name,
+            ctx.instance_name,
+            self._session.get_providers(),
+        )
 
-    def run(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
-        feed = {name: _as_ort_strings(name, a) if a.dtype == object else a
-                for name, a in inputs.items()}
+    def run(
+        self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        feed = {
+            name: _as_ort_strings(name, a) if a.dtype == object else a for name, a in inputs.items()
+        }
         results = self._session.run(list(outputs), feed)
         return dict(zip(outputs, results, strict=True))
 

@@ -17,6 +17,7 @@ from broker.errors import ErrorCode, SluiceError
 #: Triton ``backend`` name -> "module:attribute" of a class implementing ``Backend``.
 BACKENDS: dict[str, str] = {
     "onnxruntime": "gpu_workers.backends.onnxruntime:OnnxRuntimeBackend",
+    "python": "gpu_workers.backends.python:PythonBackend",
 }
 
 

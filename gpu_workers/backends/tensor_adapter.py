@@ -75,14 +75,17 @@ class TensorBackendAdapter:
             if batching:
                 batch = array.shape[0]
             target = self._input_reshape.get(name)
-            feed[name] = array if target is None else array.reshape(
-                _batched_shape(array.shape[0] if batching else None, target)
+            feed[name] = (
+                array
+                if target is None
+                else array.reshape(_batched_shape(array.shape[0] if batching else None, target))
             )
         try:
             produced = self._framework.run(feed, self._output_names)
         except Exception as exc:
-            logger.exception("model '%s' failed on request %s", self._ctx.model_name,
-                             request.request_id)
+            logger.exception(
+                "model '%s' failed on request %s", self._ctx.model_name, request.request_id
+            )
             return InferError("INTERNAL", f"model '{self._ctx.model_name}' failed: {exc}")
         wanted = request.requested_outputs or tuple(self._output_names)
         outputs: dict[str, np.ndarray] = {}
@@ -98,8 +101,9 @@ class TensorBackendAdapter:
         dtype = self._output_dtypes[name]
         if dtype == np.dtype(object):
             if array.dtype != object or (array.size and isinstance(array.flat[0], str)):
-                flat = [v.encode("utf-8") if isinstance(v, str) else bytes(v)
-                        for v in array.ravel()]
+                flat = [
+                    v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in array.ravel()
+                ]
                 out = np.empty(len(flat), dtype=object)
                 out[:] = flat
                 return out.reshape(array.shape)

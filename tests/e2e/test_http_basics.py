@@ -34,10 +34,14 @@ def test_model_metadata(http_client) -> None:
         "name": "add_sub",
         "versions": ["1"],
         "platform": "onnxruntime_onnx",
-        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, 16]},
-                   {"name": "INPUT1", "datatype": "FP32", "shape": [-1, 16]}],
-        "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, 16]},
-                    {"name": "OUTPUT1", "datatype": "FP32", "shape": [-1, 16]}],
+        "inputs": [
+            {"name": "INPUT0", "datatype": "FP32", "shape": [-1, 16]},
+            {"name": "INPUT1", "datatype": "FP32", "shape": [-1, 16]},
+        ],
+        "outputs": [
+            {"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, 16]},
+            {"name": "OUTPUT1", "datatype": "FP32", "shape": [-1, 16]},
+        ],
     }
     assert http_client.get_model_metadata("nobatch")["inputs"][0]["shape"] == [-1]
     assert http_client.get_model_metadata("versioned")["versions"] == ["1", "2"]
@@ -69,9 +73,18 @@ def test_autocomplete_config(http_client) -> None:
     assert sorted(t["name"] for t in cfg["input"]) == ["A", "B"]
     assert all(t["dims"] == [16] and t["data_type"] == "TYPE_INT32" for t in cfg["input"])
     assert cfg["dynamic_batching"]["preferred_batch_size"] == [4]
-    assert cfg["instance_group"] == [{
-        "name": "auto_onnx", "kind": "KIND_CPU", "count": 2, "gpus": [], "secondary_devices": [],
-        "profile": [], "passive": False, "host_policy": ""}]
+    assert cfg["instance_group"] == [
+        {
+            "name": "auto_onnx",
+            "kind": "KIND_CPU",
+            "count": 2,
+            "gpus": [],
+            "secondary_devices": [],
+            "profile": [],
+            "passive": False,
+            "host_policy": "",
+        }
+    ]
 
 
 def test_repository_index(http_client) -> None:
@@ -92,7 +105,8 @@ def test_unknown_model_endpoints(server) -> None:
     response = requests.get(server.base + "/v2/models/versioned/versions/3", timeout=5)
     assert response.status_code == 404
     assert response.json()["error"] == (
-        "Request for unknown model: 'versioned' version 3 is not found")
+        "Request for unknown model: 'versioned' version 3 is not found"
+    )
 
 
 def test_unknown_route_and_method(server) -> None:

@@ -13,14 +13,22 @@ from tritonclient.utils import InferenceServerException
 pytestmark = pytest.mark.e2e
 
 TYPES = {
-    "FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "INT8": np.int8,
-    "INT32": np.int32, "INT64": np.int64, "UINT8": np.uint8, "BOOL": np.bool_,
+    "FP32": np.float32,
+    "FP64": np.float64,
+    "FP16": np.float16,
+    "INT8": np.int8,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "UINT8": np.uint8,
+    "BOOL": np.bool_,
 }
 
 
 def _add_sub_inputs(a: np.ndarray, b: np.ndarray, binary: bool = True) -> list:
-    inputs = [httpclient.InferInput("INPUT0", list(a.shape), "FP32"),
-              httpclient.InferInput("INPUT1", list(b.shape), "FP32")]
+    inputs = [
+        httpclient.InferInput("INPUT0", list(a.shape), "FP32"),
+        httpclient.InferInput("INPUT1", list(b.shape), "FP32"),
+    ]
     inputs[0].set_data_from_numpy(a, binary_data=binary)
     inputs[1].set_data_from_numpy(b, binary_data=binary)
     return inputs
@@ -30,8 +38,10 @@ def _add_sub_inputs(a: np.ndarray, b: np.ndarray, binary: bool = True) -> list:
 def test_add_sub_exact(http_client, binary: bool) -> None:
     a = np.arange(48, dtype=np.float32).reshape(3, 16) / 7
     b = np.full((3, 16), 0.25, dtype=np.float32)
-    outputs = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary),
-               httpclient.InferRequestedOutput("OUTPUT1", binary_data=binary)]
+    outputs = [
+        httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary),
+        httpclient.InferRequestedOutput("OUTPUT1", binary_data=binary),
+    ]
     result = http_client.infer("add_sub", _add_sub_inputs(a, b, binary), outputs=outputs)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
@@ -52,8 +62,10 @@ def test_requested_output_subset_and_mixed_encoding(http_client) -> None:
     result = http_client.infer("add_sub", _add_sub_inputs(a, a * 3), outputs=outputs)
     assert [o["name"] for o in result.get_response()["outputs"]] == ["OUTPUT1"]
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), np.full((2, 16), -2, np.float32))
-    mixed = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=True),
-             httpclient.InferRequestedOutput("OUTPUT1", binary_data=False)]
+    mixed = [
+        httpclient.InferRequestedOutput("OUTPUT0", binary_data=True),
+        httpclient.InferRequestedOutput("OUTPUT1", binary_data=False),
+    ]
     result = http_client.infer("add_sub", _add_sub_inputs(a, a * 3), outputs=mixed)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.full((2, 16), 4, np.float32))
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), np.full((2, 16), -2, np.float32))
@@ -69,8 +81,9 @@ def _types_inputs(binary: bool) -> tuple[list, dict[str, np.ndarray]]:
             data[name] = rng.standard_normal((2, 4)).astype(dtype)
         else:
             info = np.iinfo(dtype)
-            data[name] = rng.integers(max(info.min, -1000), min(info.max, 1000), (2, 4),
-                                      dtype=dtype)
+            data[name] = rng.integers(
+                max(info.min, -1000), min(info.max, 1000), (2, 4), dtype=dtype
+            )
     data["BYTES"] = np.array([["héllo", "", "x" * 300], ["a", "b", "ünïcode"]], dtype=object)
     data["BYTES"] = np.vectorize(lambda s: s.encode("utf-8"), otypes=[object])(data["BYTES"])
     inputs = []
@@ -84,14 +97,16 @@ def _types_inputs(binary: bool) -> tuple[list, dict[str, np.ndarray]]:
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
 def test_every_datatype_round_trips(http_client, binary: bool) -> None:
     inputs, data = _types_inputs(binary)
-    outputs = [httpclient.InferRequestedOutput(f"OUT_{n}", binary_data=binary or n == "FP16")
-               for n in data]
+    outputs = [
+        httpclient.InferRequestedOutput(f"OUT_{n}", binary_data=binary or n == "FP16") for n in data
+    ]
     result = http_client.infer("identity_types", inputs, outputs=outputs)
     for name, array in data.items():
         got = result.as_numpy(f"OUT_{name}")
         if name == "BYTES":
-            expected = array if binary else np.vectorize(lambda b: b.decode(), otypes=[object])(
-                array)
+            expected = (
+                array if binary else np.vectorize(lambda b: b.decode(), otypes=[object])(array)
+            )
             assert got.tolist() == expected.tolist()
         else:
             assert got.dtype == array.dtype, name
@@ -137,9 +152,12 @@ def test_request_id_echoed(http_client) -> None:
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
 def test_compression(http_client, algorithm: str) -> None:
     a = np.arange(16, dtype=np.float32).reshape(1, 16)
-    result = http_client.infer("add_sub", _add_sub_inputs(a, a),
-                               request_compression_algorithm=algorithm,
-                               response_compression_algorithm=algorithm)
+    result = http_client.infer(
+        "add_sub",
+        _add_sub_inputs(a, a),
+        request_compression_algorithm=algorithm,
+        response_compression_algorithm=algorithm,
+    )
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a * 2)
 
 
@@ -147,16 +165,18 @@ def test_digits_predictions_match_in_process(http_client, model_repository, exam
     import onnxruntime as ort
 
     images, labels = examples.digits_test_split()
-    session = ort.InferenceSession(str(model_repository / "digits/1/model.onnx"),
-                                   providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        str(model_repository / "digits/1/model.onnx"), providers=["CPUExecutionProvider"]
+    )
     expected = session.run(["label"], {"input": images})[0]
     got = []
     for start in range(0, len(images), 64):
-        batch = images[start:start + 64]
+        batch = images[start : start + 64]
         tensor = httpclient.InferInput("input", list(batch.shape), "FP32")
         tensor.set_data_from_numpy(batch)
-        result = http_client.infer("digits", [tensor],
-                                   outputs=[httpclient.InferRequestedOutput("label")])
+        result = http_client.infer(
+            "digits", [tensor], outputs=[httpclient.InferRequestedOutput("label")]
+        )
         assert result.as_numpy("label").shape == (len(batch), 1)
         got.extend(result.as_numpy("label").ravel().tolist())
     assert got == expected.tolist()
@@ -195,22 +215,26 @@ def test_error_missing_input(http_client) -> None:
 
 def test_error_wrong_datatype(http_client) -> None:
     a = np.ones((1, 16), np.float64)
-    inputs = [httpclient.InferInput("INPUT0", [1, 16], "FP64"),
-              httpclient.InferInput("INPUT1", [1, 16], "FP64")]
+    inputs = [
+        httpclient.InferInput("INPUT0", [1, 16], "FP64"),
+        httpclient.InferInput("INPUT1", [1, 16], "FP64"),
+    ]
     for tensor in inputs:
         tensor.set_data_from_numpy(a)
     err = _error(http_client, "add_sub", inputs)
     assert err.status() == "400"
-    assert err.message() == ("inference input 'INPUT0' data-type is 'FP64', but model "
-                             "'add_sub' expects 'FP32'")
+    assert err.message() == (
+        "inference input 'INPUT0' data-type is 'FP64', but model 'add_sub' expects 'FP32'"
+    )
 
 
 def test_error_wrong_shape(http_client) -> None:
     a = np.ones((1, 15), np.float32)
     err = _error(http_client, "add_sub", _add_sub_inputs(a, a))
     assert err.status() == "400"
-    assert err.message() == ("unexpected shape for input 'INPUT0' for model 'add_sub'. "
-                             "Expected [-1,16], got [1,15]")
+    assert err.message() == (
+        "unexpected shape for input 'INPUT0' for model 'add_sub'. Expected [-1,16], got [1,15]"
+    )
 
 
 def test_error_batch_too_large(http_client) -> None:
@@ -222,8 +246,12 @@ def test_error_batch_too_large(http_client) -> None:
 
 def test_error_unknown_output(http_client) -> None:
     a = np.ones((1, 16), np.float32)
-    err = _error(http_client, "add_sub", _add_sub_inputs(a, a),
-                 outputs=[httpclient.InferRequestedOutput("NOPE")])
+    err = _error(
+        http_client,
+        "add_sub",
+        _add_sub_inputs(a, a),
+        outputs=[httpclient.InferRequestedOutput("NOPE")],
+    )
     assert err.status() == "400"
     assert "unexpected inference output 'NOPE' for model 'add_sub'" in err.message()
 
@@ -231,43 +259,74 @@ def test_error_unknown_output(http_client) -> None:
 def _raw_infer(server, header: dict, binary: bytes = b"", **kwargs) -> requests.Response:
     body = json.dumps(header).encode()
     headers = {"Inference-Header-Content-Length": str(len(body))} if binary else {}
-    return requests.post(f"{server.base}/v2/models/add_sub/infer", data=body + binary,
-                         headers=headers, timeout=10, **kwargs)
+    return requests.post(
+        f"{server.base}/v2/models/add_sub/infer",
+        data=body + binary,
+        headers=headers,
+        timeout=10,
+        **kwargs,
+    )
 
 
 def test_error_byte_size_mismatch(server) -> None:
-    header = {"inputs": [
-        {"name": "INPUT0", "shape": [1, 16], "datatype": "FP32",
-         "parameters": {"binary_data_size": 60}},
-        {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32",
-         "parameters": {"binary_data_size": 64}}]}
+    header = {
+        "inputs": [
+            {
+                "name": "INPUT0",
+                "shape": [1, 16],
+                "datatype": "FP32",
+                "parameters": {"binary_data_size": 60},
+            },
+            {
+                "name": "INPUT1",
+                "shape": [1, 16],
+                "datatype": "FP32",
+                "parameters": {"binary_data_size": 64},
+            },
+        ]
+    }
     response = _raw_infer(server, header, b"\0" * 124)
     assert response.status_code == 400
-    assert response.json() == {"error": "input byte size mismatch for input 'INPUT0' for model "
-                                        "'add_sub'. Expected 64, got 60"}
+    assert response.json() == {
+        "error": "input byte size mismatch for input 'INPUT0' for model "
+        "'add_sub'. Expected 64, got 60"
+    }
 
 
 def test_error_binary_body_too_short(server) -> None:
-    header = {"inputs": [
-        {"name": "INPUT0", "shape": [1, 16], "datatype": "FP32",
-         "parameters": {"binary_data_size": 64}},
-        {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32",
-         "parameters": {"binary_data_size": 64}}]}
+    header = {
+        "inputs": [
+            {
+                "name": "INPUT0",
+                "shape": [1, 16],
+                "datatype": "FP32",
+                "parameters": {"binary_data_size": 64},
+            },
+            {
+                "name": "INPUT1",
+                "shape": [1, 16],
+                "datatype": "FP32",
+                "parameters": {"binary_data_size": 64},
+            },
+        ]
+    }
     response = _raw_infer(server, header, b"\0" * 100)
     assert response.status_code == 400
     assert "unexpected size for input 'INPUT1'" in response.json()["error"]
 
 
 def test_error_malformed_json(server) -> None:
-    response = requests.post(f"{server.base}/v2/models/add_sub/infer", data=b"{not json",
-                             timeout=10)
+    response = requests.post(
+        f"{server.base}/v2/models/add_sub/infer", data=b"{not json", timeout=10
+    )
     assert response.status_code == 400
     assert response.json()["error"].startswith("failed to parse the request JSON buffer")
 
 
 def test_error_oversized_body(server, http_client) -> None:
-    response = requests.post(f"{server.base}/v2/models/add_sub/infer",
-                             data=b" " * (9 * 1024 * 1024), timeout=30)
+    response = requests.post(
+        f"{server.base}/v2/models/add_sub/infer", data=b" " * (9 * 1024 * 1024), timeout=30
+    )
     assert response.status_code == 400
     assert "exceeds the limit of 8388608 bytes" in response.json()["error"]
     test_add_sub_exact(http_client, True)  # still serving

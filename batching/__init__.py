@@ -1,0 +1,36 @@
+"""Pure scheduling policy: Triton's dynamic batcher as a sans-I/O state machine.
+
+Imports only the stdlib and numpy; time is passed in as ``now_ns`` (STYLE.md §3).
+"""
+
+from __future__ import annotations
+
+from batching.dynamic import (
+    Accepted,
+    Admission,
+    Batch,
+    DynamicBatcher,
+    Expired,
+    Pending,
+    Rejected,
+)
+from batching.errors import BatchingError, BatchingPolicyError
+from batching.policy import DynamicBatchingPolicy, QueuePolicy, TimeoutAction
+from batching.tensors import concat_inputs, split_outputs
+
+__all__ = [
+    "Accepted",
+    "Admission",
+    "Batch",
+    "BatchingError",
+    "BatchingPolicyError",
+    "DynamicBatcher",
+    "DynamicBatchingPolicy",
+    "Expired",
+    "Pending",
+    "QueuePolicy",
+    "Rejected",
+    "TimeoutAction",
+    "concat_inputs",
+    "split_outputs",
+]

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Sets Sluice up on a fresh machine: redis-server (when missing), a virtual environment in
+# .venv with the project and its CPU extras, and the example model repository.
+# SLUICE_EXTRAS=gpu,test selects onnxruntime-gpu + pynvml instead of the CPU build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v redis-server >/dev/null 2>&1; then
+  echo "setup: installing redis-server (Debian package)"
+  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq redis-server >/dev/null
+fi
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".[${SLUICE_EXTRAS:-cpu,test}]"
+.venv/bin/python examples/build_models.py
+echo "setup: done"

@@ -1,0 +1,243 @@
+"""End-to-end support: test models built by code and ``sluice serve`` processes on free ports.
+
+Models are built by code (onnx helper API, scikit-learn's bundled digits), never
+downloaded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import requests
+from onnx import TensorProto, helper
+
+from broker.redis_server import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+OPSET = [helper.make_opsetid("", 17)]
+
+IDENTITY_TYPES = {
+    "FP32": TensorProto.FLOAT,
+    "FP64": TensorProto.DOUBLE,
+    "FP16": TensorProto.FLOAT16,
+    "INT8": TensorProto.INT8,
+    "INT32": TensorProto.INT32,
+    "INT64": TensorProto.INT64,
+    "UINT8": TensorProto.UINT8,
+    "BOOL": TensorProto.BOOL,
+    "BYTES": TensorProto.STRING,
+}
+CONFIG_TYPES = {"BYTES": "TYPE_STRING"}
+
+
+def _save(model: onnx.ModelProto, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+def build_identity_types(repo: Path) -> None:
+    """``identity_types``: one Identity per datatype, inputs ``IN_<T>`` [-1, 4] (BYTES [-1, -1])."""
+    nodes, inputs, outputs, cfg_in, cfg_out = [], [], [], [], []
+    for name, onnx_type in IDENTITY_TYPES.items():
+        dims = ["b", "n"] if name == "BYTES" else ["b", 4]
+        inputs.append(helper.make_tensor_value_info(f"IN_{name}", onnx_type, dims))
+        outputs.append(helper.make_tensor_value_info(f"OUT_{name}", onnx_type, dims))
+        nodes.append(helper.make_node("Identity", [f"IN_{name}"], [f"OUT_{name}"]))
+        data_type = CONFIG_TYPES.get(name, f"TYPE_{name}")
+        item_dims = "[ -1 ]" if name == "BYTES" else "[ 4 ]"
+        cfg_in.append(f'{{ name: "IN_{name}" data_type: {data_type} dims: {item_dims} }}')
+        cfg_out.append(f'{{ name: "OUT_{name}" data_type: {data_type} dims: {item_dims} }}')
+    graph = helper.make_graph(nodes, "identity_types", inputs, outputs)
+    _save(helper.make_model(graph, opset_imports=OPSET), repo / "identity_types/1/model.onnx")
+    (repo / "identity_types/config.pbtxt").write_text(
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        f"input [ {', '.join(cfg_in)} ]\noutput [ {', '.join(cfg_out)} ]\n"
+        "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
+    )
+
+
+def _scale_model(factor: float, dims: list[object]) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, dims)
+    y = helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, dims)
+    k = helper.make_tensor("k", TensorProto.FLOAT, [], [factor])
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["INPUT0", "k"], ["OUTPUT0"])], "scale", [x], [y], initializer=[k]
+    )
+    return helper.make_model(graph, opset_imports=OPSET)
+
+
+def build_versioned(repo: Path) -> None:
+    """``versioned``: versions 1, 2, 3 multiply by their number; policy keeps 1 and 2."""
+    for version in (1, 2, 3):
+        _save(_scale_model(float(version), ["b", 4]), repo / f"versioned/{version}/model.onnx")
+    (repo / "versioned/config.pbtxt").write_text(
+        'backend: "onnxruntime"\nmax_batch_size: 4\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        "version_policy: { specific: { versions: [ 1, 2 ] } }\n"
+        "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
+    )
+
+
+def build_nobatch(repo: Path) -> None:
+    """``nobatch``: max_batch_size 0, INPUT0 FP32 [-1] doubled."""
+    _save(_scale_model(2.0, ["n"]), repo / "nobatch/1/model.onnx")
+    (repo / "nobatch/config.pbtxt").write_text(
+        'name: "nobatch"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 0\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
+    )
+
+
+def build_autocomplete(repo: Path) -> None:
+    """``auto_onnx``: no config.pbtxt; two INT32 [-1, 16] inputs -> sum and difference."""
+    a = helper.make_tensor_value_info("A", TensorProto.INT32, ["b", 16])
+    b = helper.make_tensor_value_info("B", TensorProto.INT32, ["b", 16])
+    s = helper.make_tensor_value_info("SUM", TensorProto.INT32, ["b", 16])
+    d = helper.make_tensor_value_info("DIFF", TensorProto.INT32, ["b", 16])
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["A", "B"], ["SUM"]),
+            helper.make_node("Sub", ["A", "B"], ["DIFF"]),
+        ],
+        "auto",
+        [a, b],
+        [s, d],
+    )
+    _save(helper.make_model(graph, opset_imports=OPSET), repo / "auto_onnx/1/model.onnx")
+
+
+def load_examples() -> object:
+    """The example builders (``examples/build_models.py``) as a module."""
+    spec = importlib.util.spec_from_file_location(
+        "sluice_examples_build", ROOT / "examples/build_models.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class Server:
+    """A running ``sluice serve``."""
+
+    process: subprocess.Popen[bytes]
+    http_port: int
+    key_prefix: str
+    redis_url: str
+    log_path: Path
+
+    @property
+    def http_url(self) -> str:
+        return f"localhost:{self.http_port}"
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def children_of(pid: int) -> list[int]:
+    """Pids whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def start_server(
+    repo: Path,
+    redis_url: str,
+    log_path: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    wait_ready: bool = True,
+    timeout_s: float = 90.0,
+) -> Server:
+    """Start ``sluice serve`` on free ports and wait (bounded) until it is ready."""
+    port = free_port()
+    prefix = f"sluice-e2e-{uuid.uuid4().hex[:8]}:"
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    log = log_path.open("wb")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "api.cli",
+            "serve",
+            "--model-repository",
+            str(repo),
+            "--http-port",
+            str(port),
+            "--http-address",
+            "127.0.0.1",
+            "--redis-url",
+            redis_url,
+            "--key-prefix",
+            prefix,
+            "--exit-timeout-secs",
+            "10",
+            *extra,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=full_env,
+        cwd=ROOT,
+    )
+    server = Server(process, port, prefix, redis_url, log_path)
+    if not wait_ready:
+        return server
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"sluice serve exited with {process.returncode}:\n{server.log()}")
+        try:
+            if requests.get(f"{server.base}/v2/health/ready", timeout=1).status_code == 200:
+                return server
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)
+    stop_server(server)
+    raise RuntimeError(f"sluice serve not ready within {timeout_s}s:\n{server.log()}")
+
+
+def stop_server(server: Server, timeout_s: float = 30.0) -> int:
+    """SIGINT (Ctrl-C) and wait; returns the exit code."""
+    if server.process.poll() is None:
+        server.process.send_signal(signal.SIGINT)
+        try:
+            server.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            server.process.kill()
+            server.process.wait(5)
+    return int(server.process.returncode)
+
+
+def random_inputs(seed: int, shape: tuple[int, ...]) -> np.ndarray:
+    """Deterministic FP32 test data."""
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)

@@ -1,0 +1,127 @@
+"""``sluice serve`` as a process: Ctrl-C leaves nothing behind; broken models are reported."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import tritonclient.http as httpclient
+from e2e_support import children_of, start_server, stop_server
+
+from broker.redis_server import start_private_redis
+
+pytestmark = pytest.mark.e2e
+
+
+def _small_repo(model_repository: Path, tmp_path: Path, broken: bool) -> Path:
+    repo = tmp_path / "repo"
+    shutil.copytree(model_repository / "add_sub", repo / "add_sub")
+    if broken:
+        (repo / "broken/1").mkdir(parents=True)
+        (repo / "broken/1/model.onnx").write_bytes(b"this is not an onnx file")
+        (repo / "broken/config.pbtxt").write_text(
+            'platform: "onnxruntime_onnx"\nmax_batch_size: 2\n'
+            'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+            'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+            "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
+        )
+        (repo / "badconfig/1").mkdir(parents=True)
+        (repo / "badconfig/config.pbtxt").write_text('platform: "onnxruntime_onnx"\nbogus: 1\n')
+    return repo
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_ctrl_c_stops_every_process(model_repository, redis_url, tmp_path) -> None:
+    server = start_server(
+        _small_repo(model_repository, tmp_path, False), redis_url, tmp_path / "serve.log"
+    )
+    children = children_of(server.process.pid)
+    assert len(children) >= 2  # gateway + one add_sub instance
+    started = time.monotonic()
+    assert stop_server(server) == 0, server.log()
+    assert time.monotonic() - started < 20
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in children if _alive(pid)], server.log()
+
+
+def test_broken_models_reported_while_others_serve(model_repository, redis_url, tmp_path) -> None:
+    server = start_server(
+        _small_repo(model_repository, tmp_path, True),
+        redis_url,
+        tmp_path / "serve.log",
+        "--exit-on-error",
+        "false",
+        wait_ready=False,
+    )
+    try:
+        client = httpclient.InferenceServerClient(server.http_url)
+        deadline = time.monotonic() + 60
+        index: list[dict[str, str]] = []
+        while time.monotonic() < deadline:
+            try:
+                index = client.get_model_repository_index()
+                if index and all(e.get("state") in ("READY", "UNAVAILABLE") for e in index):
+                    break
+            except Exception:
+                pass
+            time.sleep(0.2)
+        states = {e["name"]: e for e in index}
+        assert states["add_sub"]["state"] == "READY"
+        assert states["broken"]["state"] == "UNAVAILABLE"
+        assert (
+            "INVALID_PROTOBUF" in states["broken"]["reason"]
+            or "protobuf" in states["broken"]["reason"].lower()
+        ), states["broken"]
+        assert states["badconfig"]["state"] == "UNAVAILABLE"
+        assert "bogus" in states["badconfig"]["reason"]
+        assert client.is_server_live()
+        assert not client.is_server_ready()
+        raw = requests.get(f"{server.base}/v2/health/ready", timeout=5)
+        assert (raw.status_code, raw.content) == (400, b"")
+        assert client.is_model_ready("add_sub")
+        assert not client.is_model_ready("broken")
+    finally:
+        assert stop_server(server) == 0, server.log()
+
+
+def test_exit_on_error_stops_the_server(model_repository, redis_url, tmp_path) -> None:
+    server = start_server(
+        _small_repo(model_repository, tmp_path, True),
+        redis_url,
+        tmp_path / "serve.log",
+        wait_ready=False,
+    )
+    try:
+        server.process.wait(60)
+    finally:
+        stop_server(server)
+    assert server.process.returncode == 1
+    assert "load failed for model 'broken'" in server.log()
+
+
+def test_private_redis_when_none_answers(model_repository, tmp_path) -> None:
+    """The test harness's own fallback: a private redis-server on a free port."""
+    process, url = start_private_redis()
+    try:
+        assert url.startswith("redis://127.0.0.1:")
+        server = start_server(
+            _small_repo(model_repository, tmp_path, False), url, tmp_path / "serve.log"
+        )
+        client = httpclient.InferenceServerClient(server.http_url)
+        assert client.is_model_ready("add_sub")
+        assert stop_server(server) == 0
+    finally:
+        process.terminate()
+        process.wait(10)
