@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import redis.asyncio
 import redis.exceptions
@@ -72,24 +70,17 @@ async def _unexpected(_request: Request, exc: Exception) -> Response:
     return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
 
 
-def create_app(settings: GatewaySettings) -> FastAPI:
-    """The KServe v2 + Triton HTTP application of one gateway process."""
+def create_app(settings: GatewaySettings, dataplane: DataPlane) -> FastAPI:
+    """The KServe v2 + Triton HTTP application of one gateway process.
 
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        client = connect(settings)
-        dataplane = build_dataplane(settings, client)
-        await dataplane.router.start()
-        app.state.dataplane = dataplane
-        try:
-            yield
-        finally:
-            await dataplane.router.stop()
-            await client.aclose()
-
-    app = FastAPI(
-        title="Sluice", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
-    )
+    Args:
+        settings: the gateway settings.
+        dataplane: the transport-neutral request handling it shares with the gRPC server;
+            its reply router must be started by the caller.
+    """
+    app = FastAPI(title="Sluice", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.settings = settings
+    app.state.dataplane = dataplane
     for router in (health.router, metadata.router, infer.router, repository.router):
         app.include_router(router)
     app.add_exception_handler(SluiceError, _sluice_error)

@@ -7,12 +7,16 @@ gateways may run against one Redis; each has its own reply key.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import logging
+import signal
 import sys
 
 import uvicorn
+import uvloop
 
-from api.app import create_app
+from api.app import build_dataplane, connect, create_app
 from api.settings import GatewaySettings, HttpSettings
 
 
@@ -65,26 +69,59 @@ def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
     return settings.model_copy(update=update)
 
 
-def run_gateway(settings: GatewaySettings) -> None:
-    """Serve HTTP until SIGINT/SIGTERM (uvicorn's graceful shutdown, bounded)."""
-    logging.basicConfig(
-        level=logging.DEBUG if settings.log_verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s [gateway] %(name)s: %(message)s",
-    )
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the gateway stops every front end at once."""
+
+    def capture_signals(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+async def serve_gateway(settings: GatewaySettings) -> None:
+    """Serve every front end of one gateway process until SIGINT/SIGTERM.
+
+    Shutdown is bounded: uvicorn's ``timeout_graceful_shutdown`` (10 s), then the reply
+    router fails whatever still waits with UNAVAILABLE.
+    """
+    client = connect(settings)
+    dataplane = build_dataplane(settings, client)
+    await dataplane.router.start()
     config = uvicorn.Config(
-        create_app(settings),
+        create_app(settings, dataplane),
         host=settings.http.address,
         port=settings.http.port,
-        loop="uvloop",
+        loop="none",
         http="httptools",
-        lifespan="on",
+        lifespan="off",
         access_log=settings.log_verbose > 0,
         log_level="debug" if settings.log_verbose > 1 else "warning",
         timeout_graceful_shutdown=10,
         server_header=False,
         date_header=False,
     )
-    uvicorn.Server(config).run()
+    http_server = _Server(config)
+    stopped = asyncio.Event()
+
+    def stop() -> None:
+        http_server.should_exit = True
+        stopped.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop)
+    try:
+        await http_server.serve()
+    finally:
+        await dataplane.router.stop()
+        await client.aclose()
+
+
+def run_gateway(settings: GatewaySettings) -> None:
+    """Run :func:`serve_gateway` on uvloop."""
+    logging.basicConfig(
+        level=logging.DEBUG if settings.log_verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s [gateway] %(name)s: %(message)s",
+    )
+    uvloop.run(serve_gateway(settings))
 
 
 def main(argv: list[str] | None = None) -> int:
