@@ -12,9 +12,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from api.access import AccessPolicy
 from api.dataplane import DataPlane
 from api.errors import http_status
 from api.http import health, infer, metadata, repository
+from api.http import logging as logging_routes
+from api.http.access import RestrictedApiMiddleware
 from api.http.responses import error_response
 from api.models import ModelRegistry
 from api.settings import GatewaySettings
@@ -81,8 +84,17 @@ def create_app(settings: GatewaySettings, dataplane: DataPlane) -> FastAPI:
     app = FastAPI(title="Sluice", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.settings = settings
     app.state.dataplane = dataplane
-    for router in (health.router, metadata.router, infer.router, repository.router):
+    for router in (
+        health.router,
+        metadata.router,
+        infer.router,
+        repository.router,
+        logging_routes.router,
+    ):
         app.include_router(router)
+    policy = AccessPolicy(settings.http.restricted_apis)
+    if policy:
+        app.add_middleware(RestrictedApiMiddleware, policy=policy)
     app.add_exception_handler(SluiceError, _sluice_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

@@ -14,6 +14,7 @@ from typing import Any
 
 import redis.asyncio
 
+from api.log_settings import LogSettings
 from api.models import ModelRegistry, ModelView
 from api.settings import GatewaySettings
 from api.validation import validate_request
@@ -21,8 +22,10 @@ from broker.errors import ErrorCode, SluiceError
 from broker.keys import KeySchema
 from broker.messages import InferRequestMessage, ParameterValue, RequestedOutput, WireTensor
 from broker.model_store import ModelState
-from broker.producer import enqueue
+from broker.producer import QUEUE_FULL, Producer
 from broker.replies import ReplyRouter
+from broker.scheduling import StreamLayout
+from broker.stats_store import decode_stats, record_failure, triton_model_stats
 
 #: extensions this server implements, in Triton's order (PROTOCOL.md 0).
 EXTENSIONS = (
@@ -30,6 +33,8 @@ EXTENSIONS = (
     "model_configuration",
     "binary_tensor_data",
     "parameters",
+    "statistics",
+    "logging",
 )
 
 
@@ -67,6 +72,9 @@ class DataPlane:
         self.router = router
         self._keys = KeySchema(settings.redis.key_prefix)
         self._timeout_ns = int(settings.request_timeout_s * 1e9)
+        self.log_settings = LogSettings(log_verbose_level=settings.log_verbose)
+        """Triton's logging extension settings, shared by HTTP and gRPC."""
+        self._producer = Producer(client)
 
     # -- health -----------------------------------------------------------------------------
 
@@ -190,6 +198,51 @@ class DataPlane:
                 "explicit model load / unload is not allowed if polling is enabled",
             )
 
+    async def _count_rejection(self, model: str, version: int) -> None:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            record_failure(
+                pipe,
+                self._keys.stats(model, version),
+                request_ns=0,  # type: ignore[arg-type]
+                reason="REJECTED",
+            )
+            await pipe.execute()
+
+    # -- statistics -------------------------------------------------------------------------
+
+    async def statistics(self, model: str | None, version: int | None) -> dict[str, Any]:
+        """Triton statistics extension body (PROTOCOL.md 1.9): READY versions only.
+
+        Raises:
+            SluiceError: INVALID_ARG "requested model 'm' is not available" /
+                "requested model version is not available for model 'm'" (Triton's texts).
+        """
+        targets: list[tuple[str, int]] = []
+        if model is None:
+            for record in await self.registry.records():
+                targets.extend((record.name, v) for v, s in sorted(record.versions.items())
+                               if s.state is ModelState.READY)
+        else:
+            try:
+                view = await self.registry.get(model)
+            except SluiceError:
+                view = None
+            ready = view.ready_versions() if view is not None else []
+            if not ready:
+                raise SluiceError(ErrorCode.INVALID_ARG,
+                                  f"requested model '{model}' is not available", model=model)
+            if version is not None and version not in ready:
+                raise SluiceError(
+                    ErrorCode.INVALID_ARG,
+                    f"requested model version is not available for model '{model}'", model=model)
+            targets = [(model, v) for v in ([version] if version is not None else ready)]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for name, v in targets:
+                pipe.hgetall(self._keys.stats(name, v))
+            raw = await pipe.execute() if targets else []
+        return {"model_stats": [triton_model_stats(name, v, decode_stats(r))
+                                for (name, v), r in zip(targets, raw, strict=True)]}
+
     # -- inference --------------------------------------------------------------------------
 
     async def infer(
@@ -231,9 +284,17 @@ class DataPlane:
             deadline_ns=now_ns + self._timeout_ns,
             enqueued_ns=now_ns,
         )
+        layout = StreamLayout(self._keys, model, resolved, view.policy)
+        level = layout.level_of(int(parameters.get("priority", 0) or 0))
+        max_queue_size = view.policy.queue_policy(level).max_queue_size
         future = self.router.expect(request_id)
         try:
-            await enqueue(self._redis, self._keys, message)
+            await self._producer.enqueue(layout.stream(level), message, max_queue_size)
+        except SluiceError as exc:
+            self.router.forget(request_id)
+            if exc.message == QUEUE_FULL:
+                await self._count_rejection(model, resolved)
+            raise
         except BaseException:
             self.router.forget(request_id)
             raise

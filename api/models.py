@@ -13,9 +13,11 @@ from typing import Any
 from google.protobuf import json_format
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
 
+from batching import DynamicBatchingPolicy
 from broker.datatypes import config_to_protocol
 from broker.errors import ErrorCode, SluiceError
 from broker.model_store import AsyncModelStore, ModelRecord, ModelState, VersionState
+from broker.scheduling import scheduling_policy
 from repository.render import config_to_json
 
 
@@ -48,6 +50,7 @@ class ModelView:
     versions: dict[int, VersionState]
     inputs: dict[str, TensorSpec]
     outputs: dict[str, TensorSpec]
+    policy: DynamicBatchingPolicy
     fetched_at: float = field(default=0.0, compare=False)
 
     @property
@@ -121,6 +124,7 @@ def build_view(record: ModelRecord) -> ModelView:
         versions=record.versions,
         inputs={t.name: _spec(t) for t in config.input},
         outputs={t.name: _spec(t) for t in config.output},
+        policy=scheduling_policy(config),
         fetched_at=time.monotonic(),
     )
 

@@ -6,6 +6,7 @@ Example: ``SLUICE_REDIS__URL=redis://10.0.0.5:6379/0 SLUICE_HTTP__PORT=8000 slui
 from __future__ import annotations
 
 import uuid
+from typing import Literal
 
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -24,6 +25,45 @@ class HttpSettings(BaseModel):
     """Triton ``--http-port``."""
     max_body_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
     """Largest accepted request body, in bytes; a larger one is refused with 400."""
+    restricted_apis: list[str] = Field(default_factory=list)
+    """Triton ``--http-restricted-api``: ``<api-group>[,<api-group>…]:<header>=<value>`` each."""
+
+
+class GrpcSettings(BaseModel):
+    """The gRPC front end (Triton ``--grpc-*`` flags, ``src/command_line_parser.cc``)."""
+
+    enabled: bool = True
+    """Triton ``--allow-grpc``."""
+    address: str = "0.0.0.0"
+    """Triton ``--grpc-address``."""
+    port: int = Field(default=8001, ge=0, le=65535)
+    """Triton ``--grpc-port``."""
+    keepalive_time_ms: int = Field(default=7_200_000, gt=0)
+    """Triton ``--grpc-keepalive-time`` (``grpc.keepalive_time_ms``)."""
+    keepalive_timeout_ms: int = Field(default=20_000, gt=0)
+    """Triton ``--grpc-keepalive-timeout`` (``grpc.keepalive_timeout_ms``)."""
+    keepalive_permit_without_calls: bool = False
+    """Triton ``--grpc-keepalive-permit-without-calls``."""
+    http2_max_pings_without_data: int = Field(default=2, ge=0)
+    """Triton ``--grpc-http2-max-pings-without-data``."""
+    http2_min_recv_ping_interval_without_data_ms: int = Field(default=300_000, ge=0)
+    """Triton ``--grpc-http2-min-recv-ping-interval-without-data``."""
+    http2_max_ping_strikes: int = Field(default=2, ge=0)
+    """Triton ``--grpc-http2-max-ping-strikes``."""
+    use_ssl: bool = False
+    """Triton ``--grpc-use-ssl``."""
+    use_ssl_mutual: bool = False
+    """Triton ``--grpc-use-ssl-mutual`` (implies ``use_ssl``; clients must present a cert)."""
+    server_cert: str = ""
+    """Triton ``--grpc-server-cert``: PEM file of the server certificate."""
+    server_key: str = ""
+    """Triton ``--grpc-server-key``: PEM file of the server key."""
+    root_cert: str = ""
+    """Triton ``--grpc-root-cert``: PEM file of the root certificate (client checks)."""
+    infer_response_compression_level: Literal["none", "low", "medium", "high"] = "none"
+    """Triton ``--grpc-infer-response-compression-level`` (any level but ``none`` = gzip)."""
+    restricted_protocols: list[str] = Field(default_factory=list)
+    """Triton ``--grpc-restricted-protocol``: ``<api-group>[,…]:<header>=<value>`` each."""
 
 
 class GatewaySettings(BaseSettings):
@@ -35,6 +75,7 @@ class GatewaySettings(BaseSettings):
 
     redis: RedisSettings = RedisSettings()
     http: HttpSettings = HttpSettings()
+    grpc: GrpcSettings = GrpcSettings()
     gateway_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
     """Names this gateway's reply key; unique per process."""
     server_id: str = "triton"

@@ -202,7 +202,7 @@ class DynamicBatcher:
         queue = self._levels.get(level)
         if queue is None:
             queue = _Level(self.policy.queue_policy(level))
-        if queue.policy.max_queue_size and len(queue) > queue.policy.max_queue_size:
+        if queue.policy.max_queue_size and len(queue) >= queue.policy.max_queue_size:
             return Rejected(QUEUE_FULL)
         self._levels[level] = queue
         timeout_ns = self.policy.timeout_ns(level, item.timeout_us)

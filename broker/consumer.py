@@ -1,22 +1,25 @@
-"""The worker's side of a model stream: read, reply, acknowledge (synchronous).
+"""The worker's side of a model version's streams: read, reply, acknowledge, recover.
 
 One model instance is one consumer of the consumer group ``WORKER_GROUP`` on
-its model version's stream, so instances share the load with no coordinator.
-After replying, an entry is acknowledged and deleted so the stream only holds
-work that is queued or in flight.
+each stream of its model version (one stream per priority level), so
+instances share the load with no coordinator. After replying, an entry is
+acknowledged and deleted, so a stream only holds work that is queued or in
+flight. Entries left pending by an instance that died are claimed by a live
+one (``XCLAIM``) once the dead instance's heartbeat is older than a bound.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import redis
 import redis.exceptions
+from redis.client import Pipeline
 
 from broker.codec import CodecError, decode_request, encode_response
-from broker.keys import WORKER_GROUP, KeySchema
+from broker.keys import WORKER_GROUP
 from broker.messages import InferRequestMessage, InferResponseMessage
 from broker.producer import PAYLOAD_FIELD
 
@@ -31,66 +34,104 @@ REPLY_TTL_S = 300
 class Delivery:
     """One stream entry handed to this instance."""
 
+    stream: str
     entry_id: bytes
     message: InferRequestMessage
 
 
 class StreamConsumer:
-    """Reads a model version's stream as one consumer of the instance group.
+    """Reads a model version's streams as one consumer of the instance group.
 
     Args:
         client: a synchronous Redis client (RESP2 replies, bytes).
-        keys: the key schema.
-        model: model name.
-        version: model version.
+        streams: the version's stream keys, highest priority first.
         consumer: this instance's name within the group.
     """
 
-    def __init__(
-        self, client: redis.Redis, keys: KeySchema, model: str, version: int, consumer: str
-    ) -> None:
+    def __init__(self, client: redis.Redis, streams: Sequence[str], consumer: str) -> None:
         self._redis = client
-        self.stream = keys.queue(model, version)
+        self.streams = list(streams)
         self.consumer = consumer
 
-    def ensure_group(self) -> None:
-        """Create the consumer group (and stream) if missing; reads start at the first entry."""
-        ensure_group(self._redis, self.stream)
+    def ensure_groups(self) -> None:
+        """Create the consumer group (and stream) of every stream if missing."""
+        for stream in self.streams:
+            ensure_group(self._redis, stream)
 
     def read(self, count: int, block_ms: int) -> list[Delivery]:
-        """Take up to ``count`` new entries, waiting at most ``block_ms`` (never 0 = forever).
-
-        Undecodable entries are acknowledged, deleted and logged.
-        """
-        block_ms = max(1, block_ms)
+        """Take up to ``count`` new entries per stream, waiting at most ``block_ms`` (≥ 1)."""
         reply = self._redis.xreadgroup(
-            WORKER_GROUP, self.consumer, {self.stream: ">"}, count=count, block=block_ms
+            WORKER_GROUP,
+            self.consumer,
+            dict.fromkeys(self.streams, ">"),
+            count=count,
+            block=max(1, block_ms),
         )
-        deliveries: list[Delivery] = []
-        bad: list[bytes] = []
-        for _stream, entries in reply or ():
-            for entry_id, fields in entries:
-                try:
-                    deliveries.append(Delivery(entry_id, decode_request(fields[PAYLOAD_FIELD])))
-                except (CodecError, KeyError):
-                    logger.exception("dropping undecodable entry %s on %s", entry_id, self.stream)
-                    bad.append(entry_id)
-        if bad:
-            self.finish([], bad)
-        return deliveries
+        return self._decode(reply)
+
+    def read_own_pending(self, count: int = 1000) -> list[Delivery]:
+        """Entries this consumer name was given but never acknowledged (a restarted instance)."""
+        reply = self._redis.xreadgroup(
+            WORKER_GROUP, self.consumer, dict.fromkeys(self.streams, "0"), count=count
+        )
+        return self._decode(reply)
+
+    def claim_from(self, dead: str, min_idle_ms: int, count: int = 1000) -> list[Delivery]:
+        """Claim the pending entries of consumer ``dead`` that have been idle ≥ ``min_idle_ms``."""
+        claimed: list[Delivery] = []
+        for stream in self.streams:
+            pending = self._redis.xpending_range(
+                stream, WORKER_GROUP, min="-", max="+", count=count, consumername=dead
+            )
+            ids = [p["message_id"] for p in pending]
+            if not ids:
+                continue
+            entries = self._redis.xclaim(stream, WORKER_GROUP, self.consumer, min_idle_ms, ids)
+            claimed.extend(self._decode([[stream.encode(), entries]]))
+            logger.warning(
+                "claimed %d entries of dead instance %s on %s", len(entries), dead, stream
+            )
+        return claimed
 
     def finish(
-        self, responses: Sequence[tuple[str, InferResponseMessage]], entry_ids: Sequence[bytes]
+        self,
+        responses: Sequence[tuple[str, InferResponseMessage]],
+        entries: Sequence[Delivery],
+        extra: Callable[[Pipeline], None] | None = None,
     ) -> None:
-        """Push each ``(reply_key, response)``, then XACK + XDEL ``entry_ids``: one round trip."""
+        """Push each ``(reply_key, response)``, XACK + XDEL ``entries``, run ``extra``: one trip."""
         pipe = self._redis.pipeline(transaction=False)
         for reply_key, response in responses:
             pipe.rpush(reply_key, encode_response(response))
             pipe.expire(reply_key, REPLY_TTL_S)
-        if entry_ids:
-            pipe.xack(self.stream, WORKER_GROUP, *entry_ids)
-            pipe.xdel(self.stream, *entry_ids)
+        by_stream: dict[str, list[bytes]] = {}
+        for delivery in entries:
+            by_stream.setdefault(delivery.stream, []).append(delivery.entry_id)
+        for stream, ids in by_stream.items():
+            pipe.xack(stream, WORKER_GROUP, *ids)
+            pipe.xdel(stream, *ids)
+        if extra is not None:
+            extra(pipe)
         pipe.execute()
+
+    def _decode(self, reply: object) -> list[Delivery]:
+        deliveries: list[Delivery] = []
+        bad: list[Delivery] = []
+        for raw_stream, entries in reply or ():  # type: ignore[union-attr]
+            stream = raw_stream.decode() if isinstance(raw_stream, bytes) else raw_stream
+            for entry_id, fields in entries:
+                if fields is None:  # deleted while pending
+                    continue
+                try:
+                    message = decode_request(fields[PAYLOAD_FIELD])
+                except (CodecError, KeyError):
+                    logger.exception("dropping undecodable entry %s on %s", entry_id, stream)
+                    bad.append(Delivery(stream, entry_id, None))  # type: ignore[arg-type]
+                    continue
+                deliveries.append(Delivery(stream, entry_id, message))
+        if bad:
+            self.finish([], bad)
+        return deliveries
 
 
 def ensure_group(client: redis.Redis, stream: str) -> None:

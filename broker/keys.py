@@ -23,9 +23,10 @@ class KeySchema:
 
     prefix: str = "sluice:"
 
-    def queue(self, model: str, version: int) -> str:
-        """Stream of queued requests of one model version."""
-        return f"{self.prefix}{{{model}}}:q:{version}"
+    def queue(self, model: str, version: int, level: int = 0) -> str:
+        """Stream of queued requests of one model version (one per priority level > 0)."""
+        suffix = f":p{level}" if level > 0 else ""
+        return f"{self.prefix}{{{model}}}:q:{version}{suffix}"
 
     def reply(self, gateway_id: str) -> str:
         """List a gateway process reads its responses from."""

@@ -1,9 +1,13 @@
-"""The instance loop: consume → execute → reply → acknowledge. Owns the real clock.
+"""The instance loop: consume → batch → execute → reply → acknowledge. Owns the real clock.
 
-Triton's default scheduler (no ``dynamic_batching``): each request runs on its
-own, on whichever instance takes it off the stream first. A request whose
-deadline has passed is answered with UNAVAILABLE "Request timeout expired"
-and not executed.
+The loop feeds the pure :class:`batching.DynamicBatcher` with what it reads
+off the model version's streams and runs the batches it hands back (Triton's
+dynamic batcher; without ``dynamic_batching`` every request is its own batch,
+Triton's default scheduler). Time is wall-clock ns (``time.time_ns``) because
+arrival times are stamped by the gateway, another process.
+
+A request whose queue timeout passed (REJECT) or whose deadline passed is
+answered with UNAVAILABLE "Request timeout expired" and not executed.
 """
 
 from __future__ import annotations
@@ -11,29 +15,57 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
+from redis.client import Pipeline
 
+from batching import Batch, DynamicBatcher, Pending, Rejected
 from broker.consumer import Delivery, StreamConsumer
 from broker.datatypes import config_to_protocol, serialize_bytes, to_numpy
 from broker.messages import ErrorInfo, InferResponseMessage, WireTensor
+from broker.scheduling import ShapeKeys, StreamLayout
+from broker.stats_store import (
+    ExecutionTimes,
+    record_execution,
+    record_failure,
+    record_success,
+)
 from gpu_workers.backends.base import Backend, InferError, InferRequest, InferResponse
-from gpu_workers.backends.tensor_adapter import model_config_type_name
 
 logger = logging.getLogger(__name__)
 
 #: longest single blocking read, in ms, so a stop request is seen quickly.
-HEARTBEAT_MS = 500
+HEARTBEAT_MS = 200
+
+#: Triton error code name -> failure reason label of nv_inference_request_failure.
+_REASONS = {"UNAVAILABLE": "REJECTED", "CANCELLED": "CANCELED", "INTERNAL": "BACKEND"}
 
 
 def _wire(name: str, datatype: str, array: np.ndarray) -> WireTensor:
     shape = tuple(int(d) for d in array.shape)
     if datatype == "BYTES":
-        data = serialize_bytes(array.ravel())
+        data = serialize_bytes(array.reshape(-1))
     else:
         data = np.ascontiguousarray(array).tobytes()
     return WireTensor(name, datatype, shape, data)
+
+
+def output_datatypes(config: object) -> dict[str, str]:
+    """Output name -> protocol datatype of a ``ModelConfig``."""
+    from gpu_workers.backends.tensor_adapter import model_config_type_name
+
+    return {
+        o.name: config_to_protocol(model_config_type_name(o.data_type))
+        for o in config.output  # type: ignore[attr-defined]
+    }
+
+
+@dataclass(slots=True)
+class _Held:
+    delivery: Delivery
+    batch_size: int
 
 
 class InstanceLoop:
@@ -42,82 +74,242 @@ class InstanceLoop:
     Args:
         consumer: this instance's stream consumer.
         backend: the initialized backend.
-        model: model name.
-        version: model version.
+        layout: the version's streams and scheduling policy.
+        shape_keys: builds batch-compatibility keys from a request's inputs.
         output_datatypes: output name -> protocol datatype (from the config).
+        stats_key: the version's statistics hash.
+        batching: whether the model has a batch dimension (``max_batch_size`` > 0).
+        clock: wall-clock ns; injectable for tests.
     """
 
     def __init__(
         self,
         consumer: StreamConsumer,
         backend: Backend,
-        model: str,
-        version: int,
+        layout: StreamLayout,
+        shape_keys: ShapeKeys,
         output_datatypes: dict[str, str],
+        stats_key: str,
+        batching: bool,
+        clock: Callable[[], int] = time.time_ns,
     ) -> None:
         self._consumer = consumer
         self._backend = backend
-        self._model = model
-        self._version = version
+        self._layout = layout
+        self._model = layout.model
+        self._version = layout.version
+        self._shape_keys = shape_keys
         self._output_datatypes = output_datatypes
+        self._stats_key = stats_key
+        self._batching = batching
+        self._clock = clock
+        self._batcher = DynamicBatcher(layout.policy)
+        self._held: dict[str, _Held] = {}
+        self._read_count = max(1, layout.policy.max_batch_size)
         self.stopping = threading.Event()
+        #: called between iterations (pending-entry recovery); returns deliveries to admit.
+        self.housekeeping: Callable[[], list[Delivery]] | None = None
 
-    @classmethod
-    def output_datatypes_of(cls, config: object) -> dict[str, str]:
-        """Output name -> protocol datatype of a ``ModelConfig``."""
-        return {
-            o.name: config_to_protocol(model_config_type_name(o.data_type))
-            for o in config.output  # type: ignore[attr-defined]
-        }
+    # -- the loop ----------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Loop until :attr:`stopping` is set; the batch in hand is always finished."""
+        """Loop until :attr:`stopping` is set, then run what is held and return."""
+        self.admit(self._consumer.read_own_pending())
         while not self.stopping.is_set():
-            deliveries = self._consumer.read(count=1, block_ms=HEARTBEAT_MS)
-            if deliveries:
-                self.serve(deliveries)
+            self.step()
+        self.drain()
 
-    def serve(self, deliveries: Sequence[Delivery]) -> None:
-        """Execute each delivery on its own and answer all of them in one round trip."""
-        replies: list[tuple[str, InferResponseMessage]] = []
+    def step(self) -> None:
+        """One iteration: expire, run a ready batch, or read more (bounded wait)."""
+        now = self._clock()
+        self._expire(now)
+        batch = self._batcher.take(now)
+        if batch is not None:
+            self._execute(batch)
+            return
+        if self.housekeeping is not None:
+            self.admit(self.housekeeping())
+        wake = self._batcher.wake_at(now)
+        block_ms = (
+            HEARTBEAT_MS if wake is None else max(1, min(HEARTBEAT_MS, (wake - now) // 1_000_000))
+        )
+        room = max(1, self._read_count - len(self._held))
+        self.admit(self._consumer.read(count=room, block_ms=block_ms))
+
+    def drain(self) -> None:
+        """Run every held request now, ignoring delay windows (graceful stop)."""
+        far = self._clock() + 10**15
+        while (batch := self._batcher.take(far)) is not None:
+            self._execute(batch)
+
+    def admit(self, deliveries: Sequence[Delivery]) -> None:
+        """Offer each delivery to the batcher; answer refusals at once."""
+        refused: list[tuple[Delivery, str, str]] = []
         for delivery in deliveries:
-            replies.append((delivery.message.reply_to, self._serve_one(delivery)))
-        self._consumer.finish(replies, [d.entry_id for d in deliveries])
+            message = delivery.message
+            if message.request_id in self._held:  # claimed twice; keep the first
+                continue
+            shapes = {t.name: t.shape for t in message.inputs}
+            batch_size = 0
+            if self._batching and message.inputs:
+                batch_size = int(message.inputs[0].shape[0]) if message.inputs[0].shape else 0
+            timeout = message.parameters.get("timeout")
+            pending = Pending(
+                id=message.request_id,
+                batch_size=batch_size,
+                shape_key=self._shape_keys.key(shapes, {t.name: t.data for t in message.inputs}),
+                arrival_ns=message.enqueued_ns,
+                priority=int(message.parameters.get("priority", 0) or 0),
+                timeout_us=int(timeout) if isinstance(timeout, int) and timeout > 0 else None,
+            )
+            admission = self._batcher.offer(pending, self._clock())
+            if isinstance(admission, Rejected):
+                refused.append((delivery, admission.code, admission.reason))
+            else:
+                self._held[message.request_id] = _Held(delivery, batch_size)
+        if refused:
+            self._fail(refused)
+
+    # -- answers -----------------------------------------------------------------------------
+
+    def _expire(self, now: int) -> None:
+        expired = self._batcher.expired(now)
+        late = [h for h in self._held.values() if h.delivery.message.deadline_ns <= now]
+        failures: list[tuple[Delivery, str, str]] = []
+        for item in expired:
+            held = self._held.pop(item.item.id, None)
+            if held is not None:
+                failures.append((held.delivery, "UNAVAILABLE", item.reason))
+        for held in late:
+            if self._batcher.cancel(held.delivery.message.request_id) is not None:
+                self._held.pop(held.delivery.message.request_id, None)
+                failures.append((held.delivery, "UNAVAILABLE", "Request timeout expired"))
+        if failures:
+            self._fail(failures)
 
     def _error(self, request_id: str, code: str, message: str) -> InferResponseMessage:
         return InferResponseMessage(
             request_id, self._model, self._version, error=ErrorInfo(code, message)
         )
 
-    def _serve_one(self, delivery: Delivery) -> InferResponseMessage:
-        message = delivery.message
-        start_ns = time.time_ns()
-        if start_ns >= message.deadline_ns:
-            return self._error(message.request_id, "UNAVAILABLE", "Request timeout expired")
-        try:
-            inputs = {t.name: to_numpy(t.datatype, t.shape, t.data) for t in message.inputs}
-        except ValueError as exc:
-            return self._error(message.request_id, "INVALID_ARG", f"model '{self._model}': {exc}")
-        request = InferRequest(
-            message.request_id, message.client_id, inputs, message.outputs, message.parameters
+    def _fail(self, failures: Sequence[tuple[Delivery, str, str]]) -> None:
+        now = self._clock()
+        replies = [
+            (d.message.reply_to, self._error(d.message.request_id, code, text))
+            for d, code, text in failures
+        ]
+
+        def stats(pipe: Pipeline) -> None:
+            for delivery, code, _ in failures:
+                record_failure(
+                    pipe,
+                    self._stats_key,
+                    request_ns=now - delivery.message.enqueued_ns,
+                    reason=_REASONS.get(code, "OTHER"),
+                )
+
+        self._consumer.finish(replies, [d for d, _, _ in failures], stats)
+
+    # -- execution ---------------------------------------------------------------------------
+
+    def _execute(self, batch: Batch) -> None:
+        held = [self._held.pop(item.id) for item in batch.items]
+        start = self._clock()
+        late = [h for h in held if h.delivery.message.deadline_ns <= start]
+        if late:
+            self._fail([(h.delivery, "UNAVAILABLE", "Request timeout expired") for h in late])
+            held = [h for h in held if h.delivery.message.deadline_ns > start]
+            if not held:
+                return
+        requests: list[InferRequest] = []
+        decode_errors: dict[int, str] = {}
+        for index, item in enumerate(held):
+            message = item.delivery.message
+            try:
+                inputs = {t.name: to_numpy(t.datatype, t.shape, t.data) for t in message.inputs}
+            except ValueError as exc:
+                decode_errors[index] = f"model '{self._model}': {exc}"
+                inputs = {}
+            requests.append(
+                InferRequest(
+                    message.request_id,
+                    message.client_id,
+                    inputs,
+                    message.outputs,
+                    message.parameters,
+                )
+            )
+        runnable = [r for i, r in enumerate(requests) if i not in decode_errors]
+        input_done = self._clock()
+        results = self._run_backend(runnable)
+        infer_done = self._clock()
+        answers: list[InferResponseMessage] = []
+        successes: list[_Held] = []
+        failures: list[tuple[_Held, str]] = []
+        result_iter = iter(results)
+        for index, item in enumerate(held):
+            request_id = item.delivery.message.request_id
+            if index in decode_errors:
+                answers.append(self._error(request_id, "INVALID_ARG", decode_errors[index]))
+                failures.append((item, "INVALID_ARG"))
+                continue
+            answer = self._answer(request_id, next(result_iter))
+            answers.append(answer)
+            if answer.error is None:
+                successes.append(item)
+            else:
+                failures.append((item, answer.error.code))
+        done = self._clock()
+        times = ExecutionTimes(input_done - start, infer_done - input_done, done - infer_done)
+        executed_size = sum(max(1, h.batch_size) for h in held) - sum(
+            max(1, held[i].batch_size) for i in decode_errors
         )
-        input_done_ns = time.time_ns()
+
+        def stats(pipe: Pipeline) -> None:
+            if runnable:
+                record_execution(pipe, self._stats_key, executed_size, times)
+            for item in successes:
+                message = item.delivery.message
+                record_success(
+                    pipe,
+                    self._stats_key,
+                    batch_size=item.batch_size,
+                    request_ns=done - message.enqueued_ns,
+                    queue_ns=start - message.enqueued_ns,
+                    times=times,
+                    now_ms=done // 1_000_000,
+                )
+            for item, code in failures:
+                record_failure(
+                    pipe,
+                    self._stats_key,
+                    request_ns=done - item.delivery.message.enqueued_ns,
+                    reason=_REASONS.get(code, "OTHER"),
+                )
+
+        self._consumer.finish(
+            [(h.delivery.message.reply_to, a) for h, a in zip(held, answers, strict=True)],
+            [h.delivery for h in held],
+            stats,
+        )
+
+    def _run_backend(self, requests: list[InferRequest]) -> list[InferResponse | InferError]:
+        if not requests:
+            return []
         try:
-            results = self._backend.execute([request])
+            results = self._backend.execute(requests)
         except Exception as exc:
             logger.exception("model '%s' execute raised", self._model)
-            return self._error(message.request_id, "INTERNAL", str(exc))
-        infer_done_ns = time.time_ns()
-        if len(results) != 1:
-            return self._error(
-                message.request_id,
-                "INTERNAL",
-                f"model '{self._model}' returned {len(results)} responses for 1 request",
-            )
-        result = results[0]
+            return [InferError("INTERNAL", str(exc) or type(exc).__name__)] * len(requests)
+        if not isinstance(results, list) or len(results) != len(requests):
+            got = len(results) if isinstance(results, list) else type(results).__name__
+            message = f"model '{self._model}' returned {got} responses for {len(requests)} requests"
+            return [InferError("INTERNAL", message)] * len(requests)
+        return results
+
+    def _answer(self, request_id: str, result: InferResponse | InferError) -> InferResponseMessage:
         if isinstance(result, InferError):
-            return self._error(message.request_id, result.code, result.message)
-        assert isinstance(result, InferResponse)
+            return self._error(request_id, result.code, result.message)
         try:
             outputs = tuple(
                 _wire(name, self._output_datatypes.get(name, "BYTES"), array)
@@ -125,20 +317,7 @@ class InstanceLoop:
             )
         except Exception as exc:
             logger.exception("model '%s' produced an output that cannot be sent", self._model)
-            return self._error(message.request_id, "INTERNAL", str(exc))
-        done_ns = time.time_ns()
-        timings = {
-            "queue": start_ns - message.enqueued_ns,
-            "compute_input": input_done_ns - start_ns,
-            "compute_infer": infer_done_ns - input_done_ns,
-            "compute_output": done_ns - infer_done_ns,
-        }
+            return self._error(request_id, "INTERNAL", str(exc))
         return InferResponseMessage(
-            message.request_id,
-            self._model,
-            self._version,
-            outputs,
-            None,
-            dict(result.parameters),
-            timings,
+            request_id, self._model, self._version, outputs, None, dict(result.parameters)
         )

@@ -24,10 +24,12 @@ from tritonclient.grpc.model_config_pb2 import ModelConfig
 from broker.consumer import StreamConsumer
 from broker.keys import KeySchema
 from broker.model_store import ModelStore
+from broker.scheduling import ShapeKeys, StreamLayout, scheduling_policy
 from broker.settings import RedisSettings
 from gpu_workers.backends.base import InstanceContext
 from gpu_workers.backends.registry import backend_class
-from gpu_workers.loop import InstanceLoop
+from gpu_workers.liveness import Liveness
+from gpu_workers.loop import InstanceLoop, output_datatypes
 
 logger = logging.getLogger("gpu_workers")
 
@@ -50,6 +52,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=os.environ.get("SLUICE_REDIS__KEY_PREFIX", RedisSettings().key_prefix),
     )
     parser.add_argument("--log-verbose", type=int, default=0)
+    parser.add_argument(
+        "--stale-instance-secs",
+        type=float,
+        default=5.0,
+        help="an instance whose heartbeat is older is taken for dead and its "
+        "pending requests are claimed by a live one",
+    )
     return parser.parse_args(argv)
 
 
@@ -95,11 +104,27 @@ def main(argv: list[str] | None = None) -> int:
         report("UNAVAILABLE", str(exc) or type(exc).__name__)
         return 1
 
-    consumer = StreamConsumer(client, keys, args.model, args.version, args.instance)
-    consumer.ensure_group()
+    keys_layout = StreamLayout(keys, args.model, args.version, scheduling_policy(config))
+    consumer = StreamConsumer(client, keys_layout.streams(), args.instance)
+    consumer.ensure_groups()
     loop = InstanceLoop(
-        consumer, backend, args.model, args.version, InstanceLoop.output_datatypes_of(config)
+        consumer,
+        backend,
+        keys_layout,
+        ShapeKeys(config),
+        output_datatypes(config),
+        keys.stats(args.model, args.version),
+        batching=config.max_batch_size > 0,
     )
+    liveness = Liveness(
+        store,
+        args.model,
+        args.version,
+        args.instance,
+        consumer,
+        stale_after_s=args.stale_instance_secs,
+    )
+    loop.housekeeping = liveness.recover
 
     def stop(signum: int, _frame: FrameType | None) -> None:
         logger.info("signal %d: finishing the batch in hand", signum)
@@ -108,12 +133,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     report("READY")
+    liveness.start()
     logger.info(
         "instance %s of model '%s' version %d is ready", args.instance, args.model, args.version
     )
     try:
         loop.run()
     finally:
+        liveness.stop()
         backend.finalize()
         try:
             report("STOPPED")

@@ -29,6 +29,7 @@ from tritonclient.grpc.model_config_pb2 import ModelInstanceGroup
 from broker.consumer import ensure_group
 from broker.keys import KeySchema
 from broker.model_store import ModelState, ModelStore, VersionState
+from broker.scheduling import StreamLayout, scheduling_policy
 from gpu_workers.backends.registry import auto_complete
 from gpu_workers.device import gpu_ids
 from repository import ModelSource, load_model_config, scan_repositories, version_directories
@@ -224,7 +225,9 @@ class Supervisor:
         for version in loaded.versions:
             self.store.set_state(source.name, version, VersionState(ModelState.LOADING))
             self.store.clear_instances(source.name, version)
-            ensure_group(self.client, self.keys.queue(source.name, version))
+            layout = StreamLayout(self.keys, source.name, version, scheduling_policy(config))
+            for stream in layout.streams():
+                ensure_group(self.client, stream)
             instances = []
             for group in config.instance_group:
                 kind = _KIND_NAMES.get(group.kind, "CPU")

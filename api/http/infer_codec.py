@@ -20,6 +20,14 @@ from typing import Any
 import numpy as np
 import orjson
 
+from api.parameters import (
+    check_datatype,
+    check_request_parameters,
+    duplicate_tensor,
+    extra_input_data,
+    is_uint,
+    shared_memory_unsupported,
+)
 from broker.datatypes import (
     ELEMENT_SIZES,
     NUMPY_DTYPES,
@@ -142,8 +150,8 @@ def parse_infer_request(
 
 
 def _parse_request_parameters(raw: object, model: str) -> tuple[dict[str, ParameterValue], bool]:
-    """Check the request ``parameters`` (PROTOCOL.md 2.3 table) and split off
-    ``binary_data_output``."""
+    """Check the request ``parameters`` (rules shared with gRPC: :mod:`api.parameters`) and
+    split off ``binary_data_output``."""
     if raw is None:
         return {}, False
     if not isinstance(raw, dict):
@@ -151,29 +159,7 @@ def _parse_request_parameters(raw: object, model: str) -> tuple[dict[str, Parame
             f"Unable to parse 'parameters' for model '{model}': expected a JSON object",
             model=model,
         )
-    parameters: dict[str, ParameterValue] = {}
-    binary_data_output = False
-    for key, value in raw.items():
-        if key.startswith("triton_"):
-            raise invalid_arg(
-                f"invalid parameter '{key}' for model '{model}': parameter keys starting "
-                "with 'triton_' are reserved for Triton usage and should not be specified",
-                model=model,
-            )
-        if key == "binary_data_output":
-            binary_data_output = _expect_bool(value, key, model)
-            continue
-        if key in ("sequence_start", "sequence_end"):
-            _expect_bool(value, key, model)
-        elif key in ("priority", "timeout"):
-            _expect_uint(value, key, model)
-        elif key == "sequence_id":
-            if not (isinstance(value, str) or _is_uint(value)):
-                raise _bad_parameter(key, "an unsigned integer or a string", value, model)
-        elif not isinstance(value, str | int | float):  # bool is an int
-            raise _bad_parameter(key, "a string, integer, boolean or number", value, model)
-        parameters[key] = value
-    return parameters, binary_data_output
+    return check_request_parameters(raw.items(), model)
 
 
 def _parse_inputs(
@@ -200,18 +186,13 @@ def _parse_inputs(
                 model=model,
             )
         if name in seen:
-            raise invalid_arg(f"input '{name}' already exists in request", model=model, tensor=name)
+            raise duplicate_tensor("input", name, model)
         seen.add(name)
         shape = _parse_shape(item.get("shape"), name, model)
         datatype = item.get("datatype")
         if not isinstance(datatype, str):
             raise _unable("datatype", name, model, _NOT_STRING)
-        if datatype not in ELEMENT_SIZES:
-            raise invalid_arg(
-                f"invalid datatype '{datatype}' for input '{name}' of model '{model}'",
-                model=model,
-                tensor=name,
-            )
+        check_datatype(datatype, name, model)
 
         params = item.get("parameters", {})
         if not isinstance(params, dict):
@@ -224,15 +205,10 @@ def _parse_inputs(
                 f"{_ONE_OF_MESSAGE} (input '{name}' of model '{model}')", model=model, tensor=name
             )
         if has_shm:
-            raise SluiceError(
-                ErrorCode.UNSUPPORTED,
-                f"input '{name}' of model '{model}': shared memory is not supported",
-                model=model,
-                tensor=name,
-            )
+            raise shared_memory_unsupported("input", name, model)
         if has_binary:
             size = params["binary_data_size"]
-            if not _is_uint(size):
+            if not is_uint(size):
                 raise _unable("binary_data_size", name, model, _NOT_UINT)
             available = len(view) - offset
             if size > available:
@@ -248,12 +224,12 @@ def _parse_inputs(
             data = _json_data_to_wire(item["data"], datatype, shape, name, model)
         tensors.append(WireTensor(name=name, datatype=datatype, shape=shape, data=data))
     if offset != len(view):
-        raise invalid_arg(f"unexpected additional input data for model '{model}'", model=model)
+        raise extra_input_data(model)
     return tuple(tensors)
 
 
 def _parse_shape(raw: object, name: str, model: str) -> tuple[int, ...]:
-    if not isinstance(raw, list) or not all(_is_uint(dim) for dim in raw):
+    if not isinstance(raw, list) or not all(is_uint(dim) for dim in raw):
         raise _unable("shape", name, model, "expected an array of non-negative integers")
     return tuple(raw)
 
@@ -283,25 +259,18 @@ def _parse_outputs(
                 model=model,
             )
         if name in seen:
-            raise invalid_arg(
-                f"output '{name}' already exists in request", model=model, tensor=name
-            )
+            raise duplicate_tensor("output", name, model)
         seen.add(name)
         params = item.get("parameters", {})
         if not isinstance(params, dict):
             raise _unable("parameters", name, model, "expected a JSON object", kind="output")
         if any(key in params for key in _SHM_PARAMS):
-            raise SluiceError(
-                ErrorCode.UNSUPPORTED,
-                f"output '{name}' of model '{model}': shared memory is not supported",
-                model=model,
-                tensor=name,
-            )
+            raise shared_memory_unsupported("output", name, model)
         binary = params.get("binary_data", binary_data_output)
         if not isinstance(binary, bool):
             raise _unable("binary_data", name, model, _NOT_BOOL, kind="output")
         class_count = params.get("classification", 0)
-        if not _is_uint(class_count):
+        if not is_uint(class_count):
             raise _unable("classification", name, model, _NOT_UINT, kind="output")
         outputs.append(RequestedOutput(name=name, binary=binary, class_count=class_count))
     return tuple(outputs)
@@ -395,41 +364,6 @@ def _flatten(data: list[Any], depth: int, name: str, model: str) -> tuple[list[A
             flat.append(item)
             leaf_types.add(type(item))
     return flat, leaf_types
-
-
-def _is_uint(value: object) -> bool:
-    return type(value) is int and value >= 0
-
-
-def _expect_bool(value: object, key: str, model: str) -> bool:
-    if not isinstance(value, bool):
-        raise _bad_parameter(key, "a boolean", value, model)
-    return value
-
-
-def _expect_uint(value: object, key: str, model: str) -> None:
-    if not _is_uint(value):
-        raise _bad_parameter(key, "an unsigned integer", value, model)
-
-
-def _bad_parameter(key: str, expected: str, value: object, model: str) -> SluiceError:
-    return invalid_arg(
-        f"invalid value for parameter '{key}' in request for model '{model}': expected "
-        f"{expected}, got {_json_type(value)}",
-        model=model,
-    )
-
-
-def _json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "negative integer" if value < 0 else "integer"
-    return {float: "number", str: "string", list: "array", dict: "object"}.get(
-        type(value), type(value).__name__
-    )
 
 
 def _unable(member: str, name: str, model: str, reason: str, *, kind: str = "input") -> SluiceError:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from batching import concat_inputs, split_outputs
 from broker.datatypes import NUMPY_DTYPES, config_to_protocol
 from gpu_workers.backends.base import (
     InferError,
@@ -43,6 +44,7 @@ class TensorBackendAdapter:
         self._output_dims: dict[str, tuple[tuple[int, ...], bool]] = {}
         self._output_dtypes: dict[str, np.dtype] = {}
         self._output_names: list[str] = []
+        self._ragged: frozenset[str] = frozenset()
 
     def initialize(self, ctx: InstanceContext) -> None:
         """Load the model file of ``ctx`` into the framework."""
@@ -56,46 +58,76 @@ class TensorBackendAdapter:
             self._output_dims[tensor.name] = (tuple(tensor.dims), tensor.HasField("reshape"))
             datatype = config_to_protocol(model_config_type_name(tensor.data_type))
             self._output_dtypes[tensor.name] = NUMPY_DTYPES[datatype]
+        self._ragged = frozenset(t.name for t in config.input if t.allow_ragged_batch)
         self._framework.load(ctx)
 
     def execute(self, requests: Sequence[InferRequest]) -> list[InferResponse | InferError]:
-        """Run every request; a framework exception fails that request with INTERNAL."""
-        return [self._execute_one(request) for request in requests]
+        """Run ``requests`` as one batch: concatenate along dim 0, run once, split back.
+
+        Without a batch dimension (``max_batch_size`` 0) each request runs on its own.
+        A framework exception fails every request of the execution with INTERNAL.
+        """
+        assert self._ctx is not None, "initialize() was not called"
+        if self._ctx.config.max_batch_size <= 0 or len(requests) == 1:
+            return [self._execute_many([request])[0] for request in requests]
+        return self._execute_many(requests)
 
     def finalize(self) -> None:
         """Release the framework session."""
         self._framework.close()
 
-    def _execute_one(self, request: InferRequest) -> InferResponse | InferError:
-        assert self._ctx is not None, "initialize() was not called"
-        batching = self._ctx.config.max_batch_size > 0
-        batch = None
+    def _prepare(self, request: InferRequest, batching: bool) -> dict[str, np.ndarray]:
         feed: dict[str, np.ndarray] = {}
         for name, array in request.inputs.items():
-            if batching:
-                batch = array.shape[0]
             target = self._input_reshape.get(name)
-            feed[name] = (
-                array
-                if target is None
-                else array.reshape(_batched_shape(array.shape[0] if batching else None, target))
-            )
+            if target is not None:
+                array = array.reshape(_batched_shape(array.shape[0] if batching else None, target))
+            feed[name] = array
+        return feed
+
+    def _execute_many(self, requests: Sequence[InferRequest]) -> list[InferResponse | InferError]:
+        assert self._ctx is not None
+        batching = self._ctx.config.max_batch_size > 0
+        sizes = [
+            next(iter(r.inputs.values())).shape[0] if batching and r.inputs else 0 for r in requests
+        ]
         try:
+            feeds = [self._prepare(r, batching) for r in requests]
+            if len(feeds) == 1:
+                feed = feeds[0]
+            else:
+                feed = {
+                    name: np.concatenate([f[name].reshape(-1) for f in feeds])
+                    if name in self._ragged
+                    else concat_inputs([{name: f[name]} for f in feeds])[name]
+                    for name in feeds[0]
+                }
             produced = self._framework.run(feed, self._output_names)
+            parts = [produced] if len(requests) == 1 else split_outputs(produced, sizes)
         except Exception as exc:
             logger.exception(
-                "model '%s' failed on request %s", self._ctx.model_name, request.request_id
+                "model '%s' failed on %d request(s)", self._ctx.model_name, len(requests)
             )
-            return InferError("INTERNAL", f"model '{self._ctx.model_name}' failed: {exc}")
-        wanted = request.requested_outputs or tuple(self._output_names)
-        outputs: dict[str, np.ndarray] = {}
-        for name in wanted:
-            array = np.asarray(produced[name])
-            dims, reshaped = self._output_dims[name]
-            if reshaped:
-                array = array.reshape(_batched_shape(batch, dims))
-            outputs[name] = self._cast(name, array)
-        return InferResponse(outputs)
+            error = InferError("INTERNAL", f"model '{self._ctx.model_name}' failed: {exc}")
+            return [error] * len(requests)
+        responses: list[InferResponse | InferError] = []
+        for request, part, size in zip(requests, parts, sizes, strict=True):
+            wanted = request.requested_outputs or tuple(self._output_names)
+            outputs: dict[str, np.ndarray] = {}
+            try:
+                for name in wanted:
+                    array = np.asarray(part[name])
+                    dims, reshaped = self._output_dims[name]
+                    if reshaped:
+                        array = array.reshape(_batched_shape(size if batching else None, dims))
+                    outputs[name] = self._cast(name, array)
+            except Exception as exc:
+                responses.append(
+                    InferError("INTERNAL", f"model '{self._ctx.model_name}' output error: {exc}")
+                )
+                continue
+            responses.append(InferResponse(outputs))
+        return responses
 
     def _cast(self, name: str, array: np.ndarray) -> np.ndarray:
         dtype = self._output_dtypes[name]

@@ -25,7 +25,8 @@ def test_server_metadata(http_client) -> None:
     assert meta["name"] == "triton"
     assert "binary_tensor_data" in meta["extensions"]
     assert "model_configuration" in meta["extensions"]
-    assert "statistics" not in meta["extensions"]  # not advertised until implemented
+    assert "statistics" in meta["extensions"]
+    assert "classification" not in meta["extensions"]  # not advertised until implemented
 
 
 def test_model_metadata(http_client) -> None:

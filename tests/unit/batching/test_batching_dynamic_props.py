@@ -279,11 +279,16 @@ def test_take_reaches_a_preferred_size_when_the_queue_allows(data: st.DataObject
             batch = batcher.take(now)
             assert batch is not None, "take at wake_at returns a batch"
         assert list(batch.items) == queue[: len(batch.items)]
+        prefix = compatible_prefix(policy, queue)
+        delay_ns = policy.max_queue_delay_us * US
+        exceeded = delay_ns > 0 and now - min(i.arrival_ns for i in prefix) >= delay_ns
         if preferred is not None:
             assert batch.size >= preferred
-            prefix = queue[: len(compatible_prefix(policy, queue))]
-            if now - min(i.arrival_ns for i in prefix) < policy.max_queue_delay_us * US:
+            if not exceeded:
                 assert batch.size == preferred, "exactly the preferred batch within the delay"
+        fits = sum(i.size for i in prefix) <= policy.max_preferred_batch_size
+        if exceeded or (delay_ns == 0 and preferred is None and fits):
+            assert list(batch.items) == prefix, "everything pending, up to max_batch_size"
         del queue[: len(batch.items)]
     assert batcher.take(now) is None
     assert batcher.wake_at(now) is None

@@ -1,4 +1,4 @@
-"""Tests for batching.policy: validation and the level / timeout helpers (PROTOCOL.md §5.7, §6.4)."""
+"""Tests for batching.policy: validation, levels and timeouts (PROTOCOL.md §5.7, §6.4)."""
 
 from __future__ import annotations
 
@@ -83,14 +83,28 @@ def test_policy_error_is_a_value_error_with_invalid_arg_code() -> None:
     [
         {"max_batch_size": 0},
         {"max_batch_size": 8, "preferred_batch_sizes": (1, 8), "max_queue_delay_us": 100},
-        {"max_batch_size": 8, "preserve_ordering": True, "priority_levels": 1,
-         "default_priority_level": 1},
-        {"max_batch_size": 8, "preserve_ordering": True,
-         "default_queue_policy": QueuePolicy(timeout_action="DELAY")},
-        {"max_batch_size": 8, "preserve_ordering": True,
-         "default_queue_policy": QueuePolicy(default_timeout_us=10)},
-        {"max_batch_size": 0, "priority_levels": 3, "default_priority_level": 3,
-         "priority_queue_policy": {1: DELAY_10, 3: QueuePolicy(max_queue_size=2)}},
+        {
+            "max_batch_size": 8,
+            "preserve_ordering": True,
+            "priority_levels": 1,
+            "default_priority_level": 1,
+        },
+        {
+            "max_batch_size": 8,
+            "preserve_ordering": True,
+            "default_queue_policy": QueuePolicy(timeout_action="DELAY"),
+        },
+        {
+            "max_batch_size": 8,
+            "preserve_ordering": True,
+            "default_queue_policy": QueuePolicy(default_timeout_us=10),
+        },
+        {
+            "max_batch_size": 0,
+            "priority_levels": 3,
+            "default_priority_level": 3,
+            "priority_queue_policy": {1: DELAY_10, 3: QueuePolicy(max_queue_size=2)},
+        },
     ],
 )
 def test_valid_policy_is_accepted(kwargs: dict[str, Any]) -> None:
@@ -102,7 +116,9 @@ def test_valid_policy_is_accepted(kwargs: dict[str, Any]) -> None:
 def test_priority_queue_policy_is_read_only() -> None:
     source = {1: DELAY_10}
     policy = DynamicBatchingPolicy(
-        max_batch_size=4, priority_levels=1, default_priority_level=1,
+        max_batch_size=4,
+        priority_levels=1,
+        default_priority_level=1,
         priority_queue_policy=source,
     )
     source[1] = QueuePolicy()

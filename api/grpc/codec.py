@@ -1,0 +1,289 @@
+"""gRPC ``ModelInferRequest`` / ``ModelInferResponse`` <-> Sluice's wire tensors.
+
+Pure functions, no I/O, using the protobuf classes ``tritonclient`` ships.
+Rules (PROTOCOL.md 4.3, 4.4; Triton ``src/grpc/infer_handler.cc``):
+
+* An input's data comes from ``raw_input_contents`` (the i-th entry belongs to
+  the i-th input that is not in shared memory) or from its typed ``contents``;
+  a request that uses ``raw_input_contents`` may not also set ``contents``.
+* Typed contents become the binary layout: INT8/INT16 and UINT8/UINT16 narrowed
+  from the 32-bit repeated fields, BYTES elements length-prefixed. FP16/BF16
+  have no typed field.
+* Outputs are always returned in ``raw_output_contents``, one entry per output
+  in ``outputs`` order; typed ``contents`` are never filled.
+* Request parameters follow the rules shared with HTTP (:mod:`api.parameters`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import service_pb2
+
+from api.parameters import (
+    UInt64,
+    check_datatype,
+    check_request_parameters,
+    duplicate_tensor,
+    extra_input_data,
+    shared_memory_unsupported,
+)
+from broker.datatypes import NUMPY_DTYPES, serialize_bytes
+from broker.errors import ErrorCode, SluiceError, invalid_arg
+from broker.messages import ParameterValue, RequestedOutput, WireTensor
+
+__all__ = [
+    "GrpcInferRequest",
+    "encode_infer_response",
+    "parameter_value",
+    "parse_infer_request",
+    "parse_version",
+]
+
+#: reserved keys a gRPC request may carry (PROTOCOL.md 2.3, 4.5).
+GRPC_ALLOWED_RESERVED = frozenset({"triton_enable_empty_final_response"})
+
+_SHM_KEY = "shared_memory_region"
+
+#: protocol datatype -> (typed ``contents`` field, numpy dtype it is narrowed to).
+_CONTENTS_FIELDS: dict[str, tuple[str, np.dtype]] = {
+    "BOOL": ("bool_contents", NUMPY_DTYPES["BOOL"]),
+    "INT8": ("int_contents", NUMPY_DTYPES["INT8"]),
+    "INT16": ("int_contents", NUMPY_DTYPES["INT16"]),
+    "INT32": ("int_contents", NUMPY_DTYPES["INT32"]),
+    "INT64": ("int64_contents", NUMPY_DTYPES["INT64"]),
+    "UINT8": ("uint_contents", NUMPY_DTYPES["UINT8"]),
+    "UINT16": ("uint_contents", NUMPY_DTYPES["UINT16"]),
+    "UINT32": ("uint_contents", NUMPY_DTYPES["UINT32"]),
+    "UINT64": ("uint64_contents", NUMPY_DTYPES["UINT64"]),
+    "FP32": ("fp32_contents", NUMPY_DTYPES["FP32"]),
+    "FP64": ("fp64_contents", NUMPY_DTYPES["FP64"]),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcInferRequest:
+    """One parsed ``ModelInferRequest``.
+
+    Attributes:
+        model: ``model_name``.
+        version: ``model_version`` as a number; None = the policy's default.
+        client_id: ``id`` (echoed back).
+        inputs: input tensors in request order, data in the wire layout.
+        outputs: the requested outputs in request order; empty = all.
+        parameters: request parameters that travel to the model.
+    """
+
+    model: str
+    version: int | None
+    client_id: str
+    inputs: tuple[WireTensor, ...]
+    outputs: tuple[RequestedOutput, ...]
+    parameters: dict[str, ParameterValue]
+
+
+def parse_version(text: str, model: str) -> int | None:
+    """``""`` -> None (policy default); a decimal string -> int.
+
+    Raises:
+        SluiceError: INVALID_ARG for anything else (Triton ``GetModelVersionFromString``).
+    """
+    if not text:
+        return None
+    if not text.isdigit():
+        raise invalid_arg(
+            f"failed to get model version from specified version string '{text}' "
+            f"for model '{model}'",
+            model=model,
+        )
+    return int(text)
+
+
+def parameter_value(param: Any) -> object:
+    """The Python value of an ``InferParameter`` / ``ModelRepositoryParameter`` /
+    ``SettingValue``; ``uint64_param`` as :class:`UInt64`, unset as None."""
+    which = param.WhichOneof("parameter_choice")
+    if which is None:
+        return None
+    value = getattr(param, which)
+    return UInt64(value) if which == "uint64_param" else value
+
+
+def parse_infer_request(request: service_pb2.ModelInferRequest) -> GrpcInferRequest:
+    """Turn a ``ModelInferRequest`` into wire tensors and checked parameters.
+
+    Raises:
+        SluiceError: INVALID_ARG for a malformed request (Triton's texts where it has
+            them); UNSUPPORTED for shared-memory tensors and classification outputs.
+    """
+    model = request.model_name
+    version = parse_version(request.model_version, model)
+    parameters, _ = check_request_parameters(
+        ((key, parameter_value(p)) for key, p in request.parameters.items()),
+        model,
+        allowed_reserved=GRPC_ALLOWED_RESERVED,
+    )
+    return GrpcInferRequest(
+        model=model,
+        version=version,
+        client_id=request.id,
+        inputs=_parse_inputs(request, model),
+        outputs=_parse_outputs(request.outputs, model),
+        parameters=parameters,
+    )
+
+
+def _parse_inputs(request: service_pb2.ModelInferRequest, model: str) -> tuple[WireTensor, ...]:
+    raw = request.raw_input_contents
+    use_raw = len(raw) > 0
+    seen: set[str] = set()
+    tensors: list[WireTensor] = []
+    raw_index = 0
+    for item in request.inputs:
+        name = item.name
+        if name in seen:
+            raise duplicate_tensor("input", name, model)
+        seen.add(name)
+        check_datatype(item.datatype, name, model)
+        if _SHM_KEY in item.parameters:
+            raise shared_memory_unsupported("input", name, model)
+        has_contents = item.HasField("contents")
+        if use_raw:
+            if has_contents:
+                raise invalid_arg(
+                    f"contents field must not be specified when using raw_input_contents "
+                    f"for '{name}' for model '{model}'",
+                    model=model,
+                    tensor=name,
+                )
+            if raw_index >= len(raw):
+                raise _no_data(name, model)
+            data = raw[raw_index]
+            raw_index += 1
+        elif has_contents:
+            data = _contents_to_wire(item.contents, item.datatype, name, model)
+        else:
+            raise _no_data(name, model)
+        tensors.append(
+            WireTensor(name=name, datatype=item.datatype, shape=tuple(item.shape), data=data)
+        )
+    if raw_index != len(raw):
+        raise extra_input_data(model)
+    return tuple(tensors)
+
+
+def _no_data(name: str, model: str) -> SluiceError:
+    return invalid_arg(
+        f"unable to find data for input tensor '{name}' for model '{model}' in request.",
+        model=model,
+        tensor=name,
+    )
+
+
+def _contents_to_wire(contents: Any, datatype: str, name: str, model: str) -> bytes:
+    """Typed ``InferTensorContents`` -> wire bytes (narrowing as Triton's C casts do)."""
+    if datatype == "BYTES":
+        return serialize_bytes(list(contents.bytes_contents))
+    spec = _CONTENTS_FIELDS.get(datatype)
+    if spec is None:
+        raise invalid_arg(
+            f"input '{name}' of model '{model}': {datatype} data cannot be sent in typed "
+            "'contents'; use raw_input_contents",
+            model=model,
+            tensor=name,
+        )
+    field_name, dtype = spec
+    values = getattr(contents, field_name)
+    return np.asarray(values).astype(dtype).tobytes()
+
+
+def _parse_outputs(items: Iterable[Any], model: str) -> tuple[RequestedOutput, ...]:
+    seen: set[str] = set()
+    outputs: list[RequestedOutput] = []
+    for item in items:
+        name = item.name
+        if name in seen:
+            raise duplicate_tensor("output", name, model)
+        seen.add(name)
+        if _SHM_KEY in item.parameters:
+            raise shared_memory_unsupported("output", name, model)
+        if "classification" in item.parameters:
+            raise SluiceError(
+                ErrorCode.UNSUPPORTED,
+                f"output '{name}' of model '{model}': the classification extension is not "
+                "supported yet",
+                model=model,
+                tensor=name,
+            )
+        outputs.append(RequestedOutput(name=name))
+    return tuple(outputs)
+
+
+# -------------------------------------------------------------------------- response
+
+
+def set_parameter(target: Any, value: object) -> None:
+    """Fill an ``InferParameter`` from a Python value (bool, int, float or str)."""
+    if isinstance(value, bool):
+        target.bool_param = value
+    elif isinstance(value, int):
+        if value >= 2**63:
+            target.uint64_param = value
+        else:
+            target.int64_param = value
+    elif isinstance(value, float):
+        target.double_param = value
+    else:
+        target.string_param = str(value)
+
+
+def encode_infer_response(
+    *,
+    model: str,
+    version: str,
+    client_id: str,
+    outputs: Sequence[WireTensor],
+    requested: Sequence[RequestedOutput],
+    parameters: Mapping[str, Any] | None = None,
+) -> service_pb2.ModelInferResponse:
+    """Build a ``ModelInferResponse`` (PROTOCOL.md 4.4).
+
+    Args:
+        model: ``model_name``.
+        version: the version that ran it (``model_version``, always set).
+        client_id: the request ``id``.
+        outputs: tensors the model produced, wire layout.
+        requested: the request's ``outputs``; empty = every entry of ``outputs``.
+        parameters: response parameters.
+
+    Raises:
+        SluiceError: INTERNAL when a requested output is missing.
+    """
+    if requested:
+        by_name = {tensor.name: tensor for tensor in outputs}
+        selected = []
+        for wanted in requested:
+            tensor = by_name.get(wanted.name)
+            if tensor is None:
+                raise SluiceError(
+                    ErrorCode.INTERNAL,
+                    f"model '{model}' produced no output '{wanted.name}'",
+                    model=model,
+                    tensor=wanted.name,
+                )
+            selected.append(tensor)
+    else:
+        selected = list(outputs)
+    response = service_pb2.ModelInferResponse(
+        model_name=model, model_version=version, id=client_id
+    )
+    for tensor in selected:
+        response.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+    response.raw_output_contents.extend([tensor.data for tensor in selected])
+    if parameters:
+        for key, value in parameters.items():
+            set_parameter(response.parameters[key], value)
+    return response

@@ -1,0 +1,149 @@
+"""The one translation point of the gRPC front end: access control and errors.
+
+Every servicer method is wrapped once, when the servicer is built
+(:func:`guard_servicer`), never by a decorator per method (STYLE.md 5):
+
+* a call to a restricted API group without the right metadata is refused with
+  PERMISSION_DENIED before the method runs (:mod:`api.access`);
+* ``SluiceError`` -> its code's gRPC status (Triton ``grpc_utils.cc``
+  ``CodeToStatus``, :data:`api.errors.GRPC_STATUS`) with the message as details;
+  Redis connection/timeout errors -> UNAVAILABLE; anything else -> INTERNAL, logged
+  with its traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+import grpc
+import redis.exceptions
+
+from api.access import AccessPolicy
+from api.errors import grpc_status
+from broker.errors import SluiceError
+
+__all__ = ["RPC_GROUPS", "guard_servicer", "metadata_dict", "translate"]
+
+logger = logging.getLogger(__name__)
+
+#: RPC name -> Triton API group (server ``src/grpc/grpc_server.cc`` registrations).
+RPC_GROUPS: dict[str, str] = {
+    "ServerLive": "health",
+    "ServerReady": "health",
+    "ModelReady": "health",
+    "ServerMetadata": "metadata",
+    "ModelMetadata": "metadata",
+    "ModelInfer": "inference",
+    "ModelStreamInfer": "inference",
+    "ModelConfig": "model-config",
+    "ModelStatistics": "statistics",
+    "RepositoryIndex": "model-repository",
+    "RepositoryModelLoad": "model-repository",
+    "RepositoryModelUnload": "model-repository",
+    "SystemSharedMemoryStatus": "shared-memory",
+    "SystemSharedMemoryRegister": "shared-memory",
+    "SystemSharedMemoryUnregister": "shared-memory",
+    "CudaSharedMemoryStatus": "shared-memory",
+    "CudaSharedMemoryRegister": "shared-memory",
+    "CudaSharedMemoryUnregister": "shared-memory",
+    "TraceSetting": "trace",
+    "LogSettings": "logging",
+}
+
+
+def translate(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The gRPC status code and details for an exception raised by a handler."""
+    if isinstance(exc, SluiceError):
+        return grpc_status(exc.code), exc.message
+    if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+        logger.warning("Redis unreachable: %s", exc)
+        return grpc.StatusCode.UNAVAILABLE, f"broker unavailable: {exc}"
+    logger.error("unexpected error in a gRPC handler", exc_info=exc)
+    return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+
+
+def metadata_dict(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    """The call's metadata as ``{lower-case key: value}`` (last value wins)."""
+    found: dict[str, str] = {}
+    for key, value in context.invocation_metadata() or ():
+        if isinstance(value, str):
+            found[key.lower()] = value
+    return found
+
+
+def _refusal(
+    policy: AccessPolicy, group: str, context: grpc.aio.ServicerContext
+) -> str | None:
+    if not policy:
+        return None
+    header = policy.missing_header(group, metadata_dict(context))
+    if header is None:
+        return None
+    return f"This protocol is restricted, expecting header '{header}'"
+
+
+def _guard_unary(
+    method: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]],
+    group: str,
+    policy: AccessPolicy,
+) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+    @functools.wraps(method)
+    async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        refusal = _refusal(policy, group, context)
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
+        try:
+            return await method(request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            code, details = translate(exc)
+            await context.abort(code, details)
+
+    return guarded
+
+
+def _guard_stream(
+    method: Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]],
+    group: str,
+    policy: AccessPolicy,
+) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]:
+    @functools.wraps(method)
+    async def guarded(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        refusal = _refusal(policy, group, context)
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
+        try:
+            async for item in method(requests, context):
+                yield item
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            code, details = translate(exc)
+            await context.abort(code, details)
+
+    return guarded
+
+
+def guard_servicer(servicer: Any, policy: AccessPolicy, groups: Mapping[str, str]) -> Any:
+    """Wrap every RPC method of ``servicer`` in place (access check + error translation).
+
+    Args:
+        servicer: a ``GRPCInferenceServiceServicer`` instance.
+        policy: the restricted groups (metadata keys already prefixed).
+        groups: RPC name -> API group.
+
+    Returns:
+        The same servicer, its RPC methods replaced by instance attributes.
+    """
+    for name, group in groups.items():
+        method = getattr(servicer, name)
+        if inspect.isasyncgenfunction(method):
+            setattr(servicer, name, _guard_stream(method, group, policy))
+        else:
+            setattr(servicer, name, _guard_unary(method, group, policy))
+    return servicer

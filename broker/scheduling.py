@@ -1,0 +1,108 @@
+"""From a model config to the scheduling facts every process agrees on.
+
+The gateway uses them to pick the stream of a request's priority level and to
+enforce ``max_queue_size``; the worker uses them to drive its batcher. Source:
+Triton model_config.proto ``ModelDynamicBatching`` / ``ModelQueuePolicy``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+
+from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelQueuePolicy
+
+from batching import DynamicBatchingPolicy, QueuePolicy
+from broker.keys import KeySchema
+
+
+def _queue_policy(raw: ModelQueuePolicy) -> QueuePolicy:
+    return QueuePolicy(
+        timeout_action="DELAY" if raw.timeout_action == ModelQueuePolicy.DELAY else "REJECT",
+        default_timeout_us=int(raw.default_timeout_microseconds),
+        allow_timeout_override=bool(raw.allow_timeout_override),
+        max_queue_size=int(raw.max_queue_size),
+    )
+
+
+def scheduling_policy(config: ModelConfig) -> DynamicBatchingPolicy:
+    """The batcher policy of ``config``.
+
+    Without ``dynamic_batching`` this is Triton's default scheduler: every request is
+    its own batch (``max_batch_size`` 0 for the batcher), no delay, no queue policy.
+
+    Raises:
+        batching.BatchingPolicyError: the config's batching fields contradict each other.
+    """
+    if not config.HasField("dynamic_batching"):
+        return DynamicBatchingPolicy(max_batch_size=0)
+    db = config.dynamic_batching
+    return DynamicBatchingPolicy(
+        max_batch_size=int(config.max_batch_size),
+        preferred_batch_sizes=tuple(int(s) for s in db.preferred_batch_size),
+        max_queue_delay_us=int(db.max_queue_delay_microseconds),
+        preserve_ordering=bool(db.preserve_ordering),
+        priority_levels=int(db.priority_levels),
+        default_priority_level=int(db.default_priority_level),
+        default_queue_policy=_queue_policy(db.default_queue_policy),
+        priority_queue_policy={
+            int(level): _queue_policy(policy) for level, policy in db.priority_queue_policy.items()
+        },
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StreamLayout:
+    """The streams of one model version: one per priority level (level 0 = no levels)."""
+
+    keys: KeySchema
+    model: str
+    version: int
+    policy: DynamicBatchingPolicy
+
+    def levels(self) -> tuple[int, ...]:
+        """Priority levels that have a stream, highest priority (1) first; ``(0,)`` if none."""
+        if self.policy.priority_levels <= 0:
+            return (0,)
+        return tuple(range(1, self.policy.priority_levels + 1))
+
+    def stream(self, level: int) -> str:
+        """Stream key of ``level``."""
+        return self.keys.queue(self.model, self.version, level)
+
+    def streams(self) -> list[str]:
+        """Every stream key, highest priority first."""
+        return [self.stream(level) for level in self.levels()]
+
+    def level_of(self, priority: int) -> int:
+        """Triton: priority 0 or above ``priority_levels`` → ``default_priority_level``."""
+        return self.policy.level_of(priority) if self.policy.priority_levels > 0 else 0
+
+
+class ShapeKeys:
+    """Builds the batcher's ``shape_key``: requests with equal keys may share a batch.
+
+    Triton ``dynamic_batch_scheduler.cc``: inputs whose ``dims`` contain -1 and that are not
+    ``allow_ragged_batch`` must have equal shapes across a batch; the set of supplied inputs
+    must be equal (optional inputs); shape tensors must have equal contents.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        self._compared = frozenset(
+            t.name
+            for t in config.input
+            if (-1 in t.dims and not t.allow_ragged_batch) or t.is_shape_tensor
+        )
+        self._shape_tensors = frozenset(t.name for t in config.input if t.is_shape_tensor)
+
+    def key(self, shapes: Mapping[str, Sequence[int]], data: Mapping[str, bytes]) -> Hashable:
+        """Key of one request from its input shapes (batch dim first) and raw data."""
+        parts: list[tuple[str, object]] = []
+        for name in sorted(shapes):
+            if name in self._shape_tensors:
+                parts.append((name, data[name]))
+            elif name in self._compared:
+                parts.append((name, tuple(shapes[name][1:])))
+            else:
+                parts.append((name, None))
+        return tuple(parts)

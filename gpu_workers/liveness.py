@@ -1,0 +1,111 @@
+"""Instance heartbeats and recovery of the work a dead instance left pending.
+
+Each instance writes its state with a wall-clock heartbeat to the version's
+instances hash every second, from a thread of its own (so a long execution
+does not stop it). Between batches, the instance loop asks :meth:`Liveness.recover`
+for work: every ``recover_interval_s`` it looks for instances whose heartbeat is
+older than ``stale_after_s`` (or that reported STOPPED / UNAVAILABLE) and claims
+their pending entries (``XCLAIM``), so a SIGKILLed instance loses no request.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+import redis.exceptions
+
+from broker.consumer import Delivery, StreamConsumer
+from broker.model_store import ModelStore
+
+logger = logging.getLogger(__name__)
+
+
+class Liveness:
+    """Heartbeat writer and dead-instance recovery of one instance.
+
+    Args:
+        store: model/instance records in Redis.
+        model: model name.
+        version: model version.
+        instance: this instance's name (its consumer name).
+        consumer: this instance's stream consumer (claims go to it).
+        stale_after_s: heartbeat age after which another instance is taken for dead, in s.
+        beat_interval_s: how often this instance writes its heartbeat, in s.
+        recover_interval_s: how often to look for dead instances, in s.
+    """
+
+    def __init__(
+        self,
+        store: ModelStore,
+        model: str,
+        version: int,
+        instance: str,
+        consumer: StreamConsumer,
+        stale_after_s: float = 5.0,
+        beat_interval_s: float = 1.0,
+        recover_interval_s: float = 1.0,
+    ) -> None:
+        self._store = store
+        self._model = model
+        self._version = version
+        self._instance = instance
+        self._consumer = consumer
+        self._stale_ns = int(stale_after_s * 1e9)
+        self._beat_s = beat_interval_s
+        self._recover_ns = int(recover_interval_s * 1e9)
+        self._next_recover_ns = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._beat_forever, name="sluice-heartbeat", daemon=True
+        )
+
+    def beat(self, state: str = "READY") -> None:
+        """Write this instance's state and heartbeat now."""
+        self._store.set_instance(
+            self._model,
+            self._version,
+            self._instance,
+            {"state": state, "reason": "", "pid": os.getpid(), "heartbeat_ns": time.time_ns()},
+        )
+
+    def start(self) -> None:
+        """Start the heartbeat thread."""
+        self.beat()
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the heartbeat thread (bounded by one beat interval)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(self._beat_s + 1)
+
+    def _beat_forever(self) -> None:
+        while not self._stop.wait(self._beat_s):
+            try:
+                self.beat()
+            except redis.exceptions.RedisError as exc:
+                logger.warning("heartbeat failed: %s", exc)
+
+    def recover(self) -> list[Delivery]:
+        """Claim the pending entries of dead instances (at most every ``recover_interval_s``)."""
+        now = time.time_ns()
+        if now < self._next_recover_ns:
+            return []
+        self._next_recover_ns = now + self._recover_ns
+        claimed: list[Delivery] = []
+        try:
+            for name, info in self._store.instances(self._model, self._version).items():
+                if name == self._instance:
+                    continue
+                beat = int(info.get("heartbeat_ns", 0))
+                dead = info.get("state") in ("STOPPED", "UNAVAILABLE") or (
+                    beat and now - beat > self._stale_ns
+                )
+                if dead:
+                    claimed.extend(self._consumer.claim_from(name, min_idle_ms=0))
+        except redis.exceptions.RedisError as exc:
+            logger.warning("pending-entry recovery failed: %s", exc)
+        return claimed
