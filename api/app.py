@@ -15,7 +15,7 @@ from starlette.responses import Response
 from api.access import AccessPolicy
 from api.dataplane import DataPlane
 from api.errors import http_status
-from api.http import health, infer, metadata, repository
+from api.http import health, infer, metadata, repository, stats
 from api.http import logging as logging_routes
 from api.http.access import RestrictedApiMiddleware
 from api.http.responses import error_response
@@ -85,6 +85,7 @@ def create_app(settings: GatewaySettings, dataplane: DataPlane) -> FastAPI:
     app.state.settings = settings
     app.state.dataplane = dataplane
     for router in (
+        stats.router,  # /v2/models/stats before /v2/models/{name}
         health.router,
         metadata.router,
         infer.router,

@@ -15,6 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
+from api.frontend_flags import add_frontend_arguments, forward_frontend_arguments
 from api.gateway import _bool, add_gateway_arguments
 
 logger = logging.getLogger("sluice")
@@ -61,6 +62,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="longest wait for a response when the client sets none",
     )
     p.add_argument("--log-verbose", type=int, default=0)
+    add_frontend_arguments(p)
 
 
 def _resolve_redis(url: str | None) -> tuple[str, object | None]:
@@ -112,6 +114,7 @@ def serve(args: argparse.Namespace) -> int:
         log_verbose=args.log_verbose,
         exit_timeout_s=args.exit_timeout_secs,
         request_timeout_s=args.request_timeout_secs,
+        gateway_args=tuple(forward_frontend_arguments(args)),
     )
     supervisor = Supervisor(options)
     signal.signal(signal.SIGINT, supervisor.request_stop)
@@ -130,6 +133,12 @@ def serve(args: argparse.Namespace) -> int:
             code = 1
         else:
             logger.info("serving on http://%s:%d", options.http_address, options.http_port)
+            if args.allow_grpc is not False:
+                logger.info(
+                    "serving gRPC on %s:%d",
+                    args.grpc_address or "0.0.0.0",
+                    8001 if args.grpc_port is None else args.grpc_port,
+                )
             supervisor.watch()
     finally:
         supervisor.shutdown()
@@ -147,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
-    gateway = sub.add_parser("gateway", help="one stateless HTTP gateway")
+    gateway = sub.add_parser("gateway", help="one stateless HTTP + gRPC gateway")
     add_gateway_arguments(gateway)
     sub.add_parser("worker", help="one model instance (see 'sluice worker --help')", add_help=False)
     args, rest = parser.parse_known_args(argv)

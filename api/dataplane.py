@@ -115,6 +115,26 @@ class DataPlane:
             return False
         return True
 
+    async def model_readiness(self, model: str, version: int | None) -> bool:
+        """gRPC ``ModelReady``: an unknown model or version raises, a known one answers.
+
+        Raises:
+            SluiceError: NOT_FOUND for a model that never loaded or a version it
+                does not have (PROTOCOL.md 4.1: tritonclient's ``is_model_ready`` raises).
+        """
+        view = await self.registry.get(model)
+        if version is not None and version not in view.versions:
+            raise SluiceError(
+                ErrorCode.NOT_FOUND,
+                f"Request for unknown model: '{model}' version {version} is not found",
+                model=model,
+            )
+        try:
+            view.resolve(version)
+        except SluiceError:
+            return False
+        return True
+
     # -- metadata ---------------------------------------------------------------------------
 
     def server_metadata(self) -> dict[str, Any]:

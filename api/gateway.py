@@ -16,8 +16,12 @@ import sys
 import uvicorn
 import uvloop
 
+from api.access import AccessPolicy
 from api.app import build_dataplane, connect, create_app
+from api.frontend_flags import add_frontend_arguments, apply_frontend_arguments
 from api.settings import GatewaySettings, HttpSettings
+
+logger = logging.getLogger(__name__)
 
 
 def _bool(text: str) -> bool:
@@ -42,6 +46,7 @@ def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
         help="longest wait for a response when the client sets none (60)",
     )
     parser.add_argument("--log-verbose", type=int, default=None)
+    add_frontend_arguments(parser)
 
 
 def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
@@ -66,7 +71,7 @@ def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
         update["request_timeout_s"] = args.request_timeout_secs
     if args.log_verbose is not None:
         update["log_verbose"] = args.log_verbose
-    return settings.model_copy(update=update)
+    return apply_frontend_arguments(settings.model_copy(update=update), args)
 
 
 class _Server(uvicorn.Server):
@@ -77,14 +82,25 @@ class _Server(uvicorn.Server):
 
 
 async def serve_gateway(settings: GatewaySettings) -> None:
-    """Serve every front end of one gateway process until SIGINT/SIGTERM.
+    """Serve every front end of one gateway process (HTTP and gRPC) until SIGINT/SIGTERM.
 
-    Shutdown is bounded: uvicorn's ``timeout_graceful_shutdown`` (10 s), then the reply
-    router fails whatever still waits with UNAVAILABLE.
+    Both front ends run on this one event loop and share one :class:`DataPlane`.
+    Shutdown is bounded: uvicorn's ``timeout_graceful_shutdown`` (10 s) and the gRPC
+    server's grace (10 s) run together, then the reply router fails whatever still
+    waits with UNAVAILABLE.
     """
+    from api.grpc.server import GrpcFrontEnd  # grpc.aio only in the gateway process
+
+    AccessPolicy(settings.http.restricted_apis)  # a bad spec fails start-up, naming it
+    AccessPolicy(settings.grpc.restricted_protocols)
     client = connect(settings)
     dataplane = build_dataplane(settings, client)
+    grpc_front: GrpcFrontEnd | None = None
+    if settings.grpc.enabled:
+        grpc_front = GrpcFrontEnd(settings.grpc, dataplane)
     await dataplane.router.start()
+    if grpc_front is not None:
+        await grpc_front.start()
     config = uvicorn.Config(
         create_app(settings, dataplane),
         host=settings.http.address,
@@ -100,10 +116,13 @@ async def serve_gateway(settings: GatewaySettings) -> None:
     )
     http_server = _Server(config)
     stopped = asyncio.Event()
+    grpc_stopping: list[asyncio.Task[None]] = []
 
     def stop() -> None:
         http_server.should_exit = True
         stopped.set()
+        if grpc_front is not None and not grpc_stopping:
+            grpc_stopping.append(asyncio.ensure_future(grpc_front.stop(10.0)))
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -111,6 +130,10 @@ async def serve_gateway(settings: GatewaySettings) -> None:
     try:
         await http_server.serve()
     finally:
+        if grpc_stopping:
+            await grpc_stopping[0]
+        elif grpc_front is not None:
+            await grpc_front.stop(10.0)
         await dataplane.router.stop()
         await client.aclose()
 

@@ -84,6 +84,7 @@ class ServeOptions:
     exit_timeout_s: float = 30.0  # --exit-timeout-secs
     load_timeout_s: float = 300.0
     request_timeout_s: float = 60.0
+    gateway_args: tuple[str, ...] = ()  # --grpc-*, --*-restricted-* flags, passed through
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -130,6 +131,7 @@ class Supervisor:
                 "true" if o.strict_readiness else "false",
                 "--request-timeout-secs",
                 str(o.request_timeout_s),
+                *o.gateway_args,
             ]
         )
 

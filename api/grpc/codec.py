@@ -277,9 +277,7 @@ def encode_infer_response(
             selected.append(tensor)
     else:
         selected = list(outputs)
-    response = service_pb2.ModelInferResponse(
-        model_name=model, model_version=version, id=client_id
-    )
+    response = service_pb2.ModelInferResponse(model_name=model, model_version=version, id=client_id)
     for tensor in selected:
         response.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
     response.raw_output_contents.extend([tensor.data for tensor in selected])

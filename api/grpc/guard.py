@@ -75,9 +75,7 @@ def metadata_dict(context: grpc.aio.ServicerContext) -> dict[str, str]:
     return found
 
 
-def _refusal(
-    policy: AccessPolicy, group: str, context: grpc.aio.ServicerContext
-) -> str | None:
+def _refusal(policy: AccessPolicy, group: str, context: grpc.aio.ServicerContext) -> str | None:
     if not policy:
         return None
     header = policy.missing_header(group, metadata_dict(context))

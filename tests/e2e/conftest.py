@@ -11,8 +11,10 @@ from e2e_support import (
     ROOT,
     Server,
     build_autocomplete,
+    build_batch_scale,
     build_identity_types,
     build_nobatch,
+    build_slow_variants,
     build_versioned,
     load_examples,
     start_server,
@@ -37,6 +39,8 @@ def model_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     build_versioned(repo)
     build_nobatch(repo)
     build_autocomplete(repo)
+    build_batch_scale(repo)
+    build_slow_variants(repo)
     python_models = ROOT / "tests/assets/python_models"
     if python_models.is_dir():
         for model in python_models.iterdir():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -241,3 +242,47 @@ def stop_server(server: Server, timeout_s: float = 30.0) -> int:
 def random_inputs(seed: int, shape: tuple[int, ...]) -> np.ndarray:
     """Deterministic FP32 test data."""
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def build_batch_scale(repo: Path) -> None:
+    """``batch_scale``: OUTPUT0 = 3 × INPUT0 [-1, 4], dynamic batching, two instances."""
+    _save(_scale_model(3.0, ["b", 4]), repo / "batch_scale/1/model.onnx")
+    (repo / "batch_scale/config.pbtxt").write_text(
+        'backend: "onnxruntime"\nmax_batch_size: 16\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        "dynamic_batching { max_queue_delay_microseconds: 20000 }\n"
+        "instance_group [ { kind: KIND_CPU count: 2 } ]\n"
+    )
+
+
+SLOW_VARIANTS = {
+    # name: (dynamic_batching body, instance count)
+    "slow_queue": ("default_queue_policy { max_queue_size: 1 }", 1),
+    "slow_timeout": (
+        "default_queue_policy { timeout_action: REJECT "
+        "default_timeout_microseconds: 300000 allow_timeout_override: true }",
+        1,
+    ),
+    "slow_delay": (
+        "default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 100000 }",
+        1,
+    ),
+    "slow_pair": ("", 2),
+    "slow_priority": ("priority_levels: 2 default_priority_level: 2", 1),  # max_batch_size 1
+}
+
+
+def build_slow_variants(repo: Path) -> None:
+    """Copies of the ``slow`` Python model with queue policies for the batching tests."""
+    source = ROOT / "tests/assets/python_models/slow"
+    for name, (batching, count) in SLOW_VARIANTS.items():
+        (repo / name / "1").mkdir(parents=True)
+        shutil.copy(source / "1/model.py", repo / name / "1/model.py")
+        config = (source / "config.pbtxt").read_text()
+        config = config.replace('name: "slow"', f'name: "{name}"')
+        config = config.replace("count: 1", f"count: {count}")
+        if name == "slow_priority":
+            config = config.replace("max_batch_size: 8", "max_batch_size: 1")
+        config += f"dynamic_batching {{ {batching} }}\n"
+        (repo / name / "config.pbtxt").write_text(config)

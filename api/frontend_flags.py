@@ -1,0 +1,131 @@
+"""Triton's gRPC and endpoint-access flags, declared once for ``sluice serve`` and ``gateway``.
+
+``sluice serve`` forwards the flags it was given to the gateway process verbatim
+(:func:`forward_frontend_arguments`); ``sluice gateway`` folds them into its
+settings (:func:`apply_frontend_arguments`). Flag names and meanings are Triton's
+(server ``src/command_line_parser.cc``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any
+
+from api.settings import GatewaySettings
+
+__all__ = ["add_frontend_arguments", "apply_frontend_arguments", "forward_frontend_arguments"]
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
+@dataclass(frozen=True, slots=True)
+class _Flag:
+    flag: str
+    field: str | None  # GrpcSettings field; None = accepted and ignored
+    type: Any
+    help: str
+
+
+_GRPC_FLAGS = (
+    _Flag("--allow-grpc", "enabled", _bool, "serve gRPC (true)"),
+    _Flag("--grpc-address", "address", str, "gRPC bind address (0.0.0.0)"),
+    _Flag("--grpc-port", "port", int, "gRPC port (8001)"),
+    _Flag("--grpc-keepalive-time", "keepalive_time_ms", int, "keepalive ping period, ms"),
+    _Flag("--grpc-keepalive-timeout", "keepalive_timeout_ms", int, "keepalive ack wait, ms"),
+    _Flag(
+        "--grpc-keepalive-permit-without-calls",
+        "keepalive_permit_without_calls",
+        _bool,
+        "allow keepalive pings with no call in flight",
+    ),
+    _Flag(
+        "--grpc-http2-max-pings-without-data",
+        "http2_max_pings_without_data",
+        int,
+        "pings allowed with no data sent",
+    ),
+    _Flag(
+        "--grpc-http2-min-recv-ping-interval-without-data",
+        "http2_min_recv_ping_interval_without_data_ms",
+        int,
+        "shortest accepted ping interval with no data, ms",
+    ),
+    _Flag("--grpc-http2-max-ping-strikes", "http2_max_ping_strikes", int, "bad pings tolerated"),
+    _Flag("--grpc-use-ssl", "use_ssl", _bool, "serve gRPC over TLS"),
+    _Flag("--grpc-use-ssl-mutual", "use_ssl_mutual", _bool, "mutual TLS (client certs)"),
+    _Flag("--grpc-server-cert", "server_cert", str, "PEM server certificate"),
+    _Flag("--grpc-server-key", "server_key", str, "PEM server key"),
+    _Flag("--grpc-root-cert", "root_cert", str, "PEM root certificate"),
+    _Flag(
+        "--grpc-infer-response-compression-level",
+        "infer_response_compression_level",
+        str,
+        "none, low, medium or high (gzip)",
+    ),
+    _Flag("--grpc-infer-allocation-pool-size", None, int, "accepted and ignored"),
+)
+_RESTRICT_FLAGS = (
+    ("--http-restricted-api", "http", "<api-group>[,...]:<header>=<value> (repeatable)"),
+    ("--grpc-restricted-protocol", "grpc", "<api-group>[,...]:<header>=<value> (repeatable)"),
+)
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def add_frontend_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add every gRPC and restricted-API flag (default None = "not given")."""
+    for spec in _GRPC_FLAGS:
+        parser.add_argument(spec.flag, type=spec.type, default=None, help=spec.help)
+    for flag, _, help_text in _RESTRICT_FLAGS:
+        parser.add_argument(flag, action="append", default=None, help=help_text)
+
+
+def forward_frontend_arguments(args: argparse.Namespace) -> list[str]:
+    """The given flags as argv, to pass from ``sluice serve`` to the gateway process."""
+    argv: list[str] = []
+    for spec in _GRPC_FLAGS:
+        value = getattr(args, _dest(spec.flag))
+        if value is not None:
+            text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+            argv += [spec.flag, text]
+    for flag, _, _ in _RESTRICT_FLAGS:
+        for value in getattr(args, _dest(flag)) or ():
+            argv += [flag, value]
+    return argv
+
+
+def apply_frontend_arguments(
+    settings: GatewaySettings, args: argparse.Namespace
+) -> GatewaySettings:
+    """``settings`` with the given flags applied (validated by pydantic).
+
+    Raises:
+        pydantic.ValidationError: a value out of range, naming the field.
+    """
+    grpc = settings.grpc.model_dump()
+    for spec in _GRPC_FLAGS:
+        value = getattr(args, _dest(spec.flag), None)
+        if value is not None and spec.field is not None:
+            grpc[spec.field] = value
+    http = settings.http.model_dump()
+    for flag, section, _ in _RESTRICT_FLAGS:
+        values = getattr(args, _dest(flag), None)
+        if values:
+            (http if section == "http" else grpc)[
+                "restricted_apis" if section == "http" else "restricted_protocols"
+            ] = list(values)
+    return settings.model_copy(
+        update={
+            "grpc": type(settings.grpc).model_validate(grpc),
+            "http": type(settings.http).model_validate(http),
+        }
+    )

@@ -1,0 +1,8 @@
+"""The gRPC front end: Triton's ``inference.GRPCInferenceService`` over ``grpc.aio``."""
+
+from __future__ import annotations
+
+__all__ = ["GrpcFrontEnd", "InferenceServicer", "build_servicer"]
+
+from api.grpc.server import GrpcFrontEnd
+from api.grpc.servicer import InferenceServicer, build_servicer

@@ -1,0 +1,355 @@
+"""``inference.GRPCInferenceService``: a thin adapter over the shared :class:`DataPlane`.
+
+Every method converts ``service_pb2`` messages to and from what the DataPlane
+speaks and delegates (MLServer ``grpc/servicers.py``); errors and access control
+are handled once, by :func:`api.grpc.guard.guard_servicer`. Method semantics:
+PROTOCOL.md 4.1-4.6 (Triton ``src/grpc/grpc_server.cc``, ``infer_handler.cc``,
+``stream_infer_handler.cc``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from api.access import GRPC_HEADER_PREFIX, AccessPolicy
+from api.dataplane import DataPlane
+from api.grpc.codec import (
+    encode_infer_response,
+    parameter_value,
+    parse_infer_request,
+    parse_version,
+)
+from api.grpc.guard import RPC_GROUPS, guard_servicer, translate
+from broker.errors import ErrorCode, SluiceError
+
+__all__ = ["InferenceServicer", "build_servicer"]
+
+logger = logging.getLogger(__name__)
+
+SHM_DISABLED = (
+    "Client shared memory is disabled: this server does not implement the shared-memory extension"
+)
+#: most requests of one stream in flight at once (the reader waits beyond it).
+STREAM_WINDOW = 1024
+
+
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """Every RPC of Triton's ``GRPCInferenceService``.
+
+    Args:
+        dataplane: the gateway's transport-neutral request handling.
+        compress_infer: compress inference responses (gzip), as Triton's
+            ``--grpc-infer-response-compression-level`` other than ``none``.
+    """
+
+    def __init__(self, dataplane: DataPlane, compress_infer: bool = False) -> None:
+        self._dp = dataplane
+        self._compress_infer = compress_infer
+
+    # -- health -------------------------------------------------------------------------
+
+    async def ServerLive(
+        self, request: service_pb2.ServerLiveRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ServerLiveResponse:
+        """``live`` is False (status OK) when Redis does not answer."""
+        return service_pb2.ServerLiveResponse(live=await self._dp.server_live())
+
+    async def ServerReady(
+        self, request: service_pb2.ServerReadyRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ServerReadyResponse:
+        """``ready`` as ``GET /v2/health/ready``; not ready is OK with False."""
+        return service_pb2.ServerReadyResponse(ready=await self._dp.server_ready())
+
+    async def ModelReady(
+        self, request: service_pb2.ModelReadyRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ModelReadyResponse:
+        """NOT_FOUND for an unknown model or version; otherwise ``ready`` True/False."""
+        version = parse_version(request.version, request.name)
+        ready = await self._dp.model_readiness(request.name, version)
+        return service_pb2.ModelReadyResponse(ready=ready)
+
+    # -- metadata and config ------------------------------------------------------------
+
+    async def ServerMetadata(
+        self, request: service_pb2.ServerMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ServerMetadataResponse:
+        """Name, version and extensions, as ``GET /v2``."""
+        meta = self._dp.server_metadata()
+        return service_pb2.ServerMetadataResponse(
+            name=meta["name"], version=meta["version"], extensions=meta["extensions"]
+        )
+
+    async def ModelMetadata(
+        self, request: service_pb2.ModelMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ModelMetadataResponse:
+        """Same content as ``GET /v2/models/{m}[/versions/{v}]`` (PROTOCOL.md 1.5)."""
+        version = parse_version(request.version, request.name)
+        meta = await self._dp.model_metadata(request.name, version)
+        response = service_pb2.ModelMetadataResponse(
+            name=meta["name"], versions=meta["versions"], platform=meta["platform"]
+        )
+        for kind in ("inputs", "outputs"):
+            target = getattr(response, kind)
+            for tensor in meta[kind]:
+                target.add(name=tensor["name"], datatype=tensor["datatype"], shape=tensor["shape"])
+        return response
+
+    async def ModelConfig(
+        self, request: service_pb2.ModelConfigRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ModelConfigResponse:
+        """The completed model config as a ``ModelConfig`` message."""
+        version = parse_version(request.version, request.name)
+        view = await self._dp.model_config(request.name, version)
+        return service_pb2.ModelConfigResponse(config=view.config)
+
+    async def ModelStatistics(
+        self, request: service_pb2.ModelStatisticsRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ModelStatisticsResponse:
+        """Statistics extension (PROTOCOL.md 1.9), once the DataPlane keeps statistics."""
+        statistics = getattr(self._dp, "statistics", None)
+        if statistics is None:
+            raise SluiceError(ErrorCode.UNSUPPORTED, "statistics are not available yet")
+        version = parse_version(request.version, request.name)
+        body = await statistics(request.name or None, version)
+        return json_format.ParseDict(
+            body, service_pb2.ModelStatisticsResponse(), ignore_unknown_fields=True
+        )
+
+    # -- inference ----------------------------------------------------------------------
+
+    async def _infer(
+        self, request: service_pb2.ModelInferRequest
+    ) -> service_pb2.ModelInferResponse:
+        model = request.model_name
+        version = parse_version(request.model_version, model)
+        view, _ = await self._dp.registry.resolve(model, version)  # unknown model first
+        if view.decoupled:
+            raise SluiceError(
+                ErrorCode.UNSUPPORTED,
+                f"ModelInfer RPC doesn't support models with decoupled transaction policy "
+                f"(model '{model}')",
+                model=model,
+            )
+        parsed = parse_infer_request(request)
+        result = await self._dp.infer(
+            model, version, parsed.client_id, parsed.inputs, parsed.outputs, parsed.parameters
+        )
+        return encode_infer_response(
+            model=model,
+            version=str(result.version),
+            client_id=result.client_id,
+            outputs=result.outputs,
+            requested=parsed.outputs,
+            parameters=result.parameters,
+        )
+
+    async def ModelInfer(
+        self, request: service_pb2.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ModelInferResponse:
+        """One inference; outputs in ``raw_output_contents`` (PROTOCOL.md 4.3, 4.4)."""
+        if self._compress_infer:
+            context.set_compression(grpc.Compression.Gzip)
+        return await self._infer(request)
+
+    async def _stream_one(
+        self, request: service_pb2.ModelInferRequest
+    ) -> service_pb2.ModelStreamInferResponse:
+        """One stream request's answer; a failure becomes an in-band ``error_message``."""
+        try:
+            response = await self._infer(request)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            _, details = translate(exc)
+            answer = service_pb2.ModelStreamInferResponse(error_message=details)
+            answer.infer_response.id = request.id
+            answer.infer_response.parameters["triton_final_response"].bool_param = True
+            return answer
+        response.parameters["triton_final_response"].bool_param = True
+        return service_pb2.ModelStreamInferResponse(infer_response=response)
+
+    async def ModelStreamInfer(
+        self,
+        request_iterator: AsyncIterator[service_pb2.ModelInferRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
+        """Bidirectional stream: requests run concurrently, answers leave in request order.
+
+        Non-decoupled models get exactly one response per request, written in the
+        order the requests arrived (Triton ``stream_infer_handler.cc``); errors are
+        in-band and the stream stays open; every response carries
+        ``triton_final_response = true``. Closing the stream cancels what is in flight.
+        """
+        if self._compress_infer:
+            context.set_compression(grpc.Compression.Gzip)
+        pending: asyncio.Queue[asyncio.Task[service_pb2.ModelStreamInferResponse] | None] = (
+            asyncio.Queue(maxsize=STREAM_WINDOW)
+        )
+        tasks: set[asyncio.Task[Any]] = set()
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    task = asyncio.create_task(self._stream_one(request))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                    await pending.put(task)
+            finally:
+                await pending.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                task = await pending.get()
+                if task is None:
+                    break
+                yield await task
+            await reader  # re-raise a read failure (client went away)
+        finally:
+            reader.cancel()
+            for task in list(tasks):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+
+    # -- model repository ---------------------------------------------------------------
+
+    async def RepositoryIndex(
+        self, request: service_pb2.RepositoryIndexRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.RepositoryIndexResponse:
+        """Index entries as ``POST /v2/repository/index`` (four strings, "" when absent)."""
+        _refuse_named_repository(request.repository_name)
+        entries = await self._dp.repository_index(request.ready)
+        response = service_pb2.RepositoryIndexResponse()
+        for entry in entries:
+            response.models.add(**entry)
+        return response
+
+    async def RepositoryModelLoad(
+        self, request: service_pb2.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.RepositoryModelLoadResponse:
+        """Load / reload (explicit model control mode only)."""
+        _refuse_named_repository(request.repository_name)
+        await self._dp.load_model(request.model_name)
+        return service_pb2.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(
+        self,
+        request: service_pb2.RepositoryModelUnloadRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> service_pb2.RepositoryModelUnloadResponse:
+        """Unload (explicit model control mode only)."""
+        _refuse_named_repository(request.repository_name)
+        await self._dp.unload_model(request.model_name)
+        return service_pb2.RepositoryModelUnloadResponse()
+
+    # -- shared memory, trace, logging --------------------------------------------------
+
+    async def SystemSharedMemoryStatus(
+        self,
+        request: service_pb2.SystemSharedMemoryStatusRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> service_pb2.SystemSharedMemoryStatusResponse:
+        """No region is ever registered: an empty map."""
+        return service_pb2.SystemSharedMemoryStatusResponse()
+
+    async def SystemSharedMemoryRegister(
+        self,
+        request: service_pb2.SystemSharedMemoryRegisterRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> service_pb2.SystemSharedMemoryRegisterResponse:
+        """Refused: client shared memory is off (PROTOCOL.md 1.10)."""
+        raise SluiceError(ErrorCode.UNSUPPORTED, SHM_DISABLED)
+
+    async def SystemSharedMemoryUnregister(
+        self,
+        request: service_pb2.SystemSharedMemoryUnregisterRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> service_pb2.SystemSharedMemoryUnregisterResponse:
+        """Nothing to unregister: succeeds."""
+        return service_pb2.SystemSharedMemoryUnregisterResponse()
+
+    async def CudaSharedMemoryStatus(
+        self,
+        request: service_pb2.CudaSharedMemoryStatusRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> service_pb2.CudaSharedMemoryStatusResponse:
+        """No region is ever registered: an empty map."""
+        return service_pb2.CudaSharedMemoryStatusResponse()
+
+    async def CudaSharedMemoryRegister(
+        self,
+        request: service_pb2.CudaSharedMemoryRegisterRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> service_pb2.CudaSharedMemoryRegisterResponse:
+        """Refused: client shared memory is off (PROTOCOL.md 1.10)."""
+        raise SluiceError(ErrorCode.UNSUPPORTED, SHM_DISABLED)
+
+    async def CudaSharedMemoryUnregister(
+        self,
+        request: service_pb2.CudaSharedMemoryUnregisterRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> service_pb2.CudaSharedMemoryUnregisterResponse:
+        """Nothing to unregister: succeeds."""
+        return service_pb2.CudaSharedMemoryUnregisterResponse()
+
+    async def TraceSetting(
+        self, request: service_pb2.TraceSettingRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.TraceSettingResponse:
+        """The trace extension is not implemented."""
+        raise SluiceError(ErrorCode.UNSUPPORTED, "trace is not supported by this server")
+
+    async def LogSettings(
+        self, request: service_pb2.LogSettingsRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.LogSettingsResponse:
+        """Empty map = get; otherwise update those keys (rules shared with HTTP)."""
+        log_settings = self._dp.log_settings
+        if request.settings:
+            current = log_settings.update(
+                {key: parameter_value(value) for key, value in request.settings.items()}
+            )
+        else:
+            current = log_settings.as_dict()
+        response = service_pb2.LogSettingsResponse()
+        for key, value in current.items():
+            target = response.settings[key]
+            if isinstance(value, bool):
+                target.bool_param = value
+            elif isinstance(value, int):
+                target.uint32_param = value
+            else:
+                target.string_param = value
+        return response
+
+
+def _refuse_named_repository(repository_name: str) -> None:
+    if repository_name:
+        raise SluiceError(
+            ErrorCode.UNSUPPORTED,
+            f"'repository_name' specification is not supported: '{repository_name}'",
+        )
+
+
+def build_servicer(
+    dataplane: DataPlane, restricted: list[str], compress_infer: bool = False
+) -> InferenceServicer:
+    """The servicer with every method guarded (access control + error translation).
+
+    Args:
+        dataplane: the gateway's DataPlane (shared with HTTP).
+        restricted: ``--grpc-restricted-protocol`` values.
+        compress_infer: gzip inference responses.
+
+    Raises:
+        ValueError: a malformed restricted-protocol spec.
+    """
+    policy = AccessPolicy(restricted, header_prefix=GRPC_HEADER_PREFIX)
+    return guard_servicer(InferenceServicer(dataplane, compress_infer), policy, RPC_GROUPS)

@@ -1,0 +1,230 @@
+"""Dynamic batching, queue policies and crash safety, driven by tritonclient.http."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import redis
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+pytestmark = pytest.mark.e2e
+
+
+def _stats(client: httpclient.InferenceServerClient, model: str) -> dict:
+    return client.get_inference_statistics(model)["model_stats"][0]
+
+
+def _slow_input(value: float) -> list[httpclient.InferInput]:
+    tensor = httpclient.InferInput("IN", [1, 1], "FP32")
+    tensor.set_data_from_numpy(np.array([[value]], np.float32))
+    return [tensor]
+
+
+def test_eight_concurrent_requests_make_one_batch(server) -> None:
+    client = httpclient.InferenceServerClient(server.http_url, concurrency=8)
+    before = _stats(client, "add")
+    inputs = []
+    for i in range(8):
+        a = httpclient.InferInput("A", [1, 4], "FP32")
+        a.set_data_from_numpy(np.full((1, 4), i, np.float32))
+        b = httpclient.InferInput("B", [1, 4], "FP32")
+        b.set_data_from_numpy(np.full((1, 4), 10 * i, np.float32))
+        inputs.append([a, b])
+    pending = [client.async_infer("add", pair) for pair in inputs]
+    results = [p.get_result(timeout=30) for p in pending]
+    for i, result in enumerate(results):
+        assert result.as_numpy("SUM").tolist() == [[11.0 * i] * 4]
+        assert result.as_numpy("EXEC_SIZE").tolist() == [[8]]
+    after = _stats(client, "add")
+    assert after["execution_count"] - before["execution_count"] == 1
+    assert after["inference_count"] - before["inference_count"] == 8
+    sizes = {b["batch_size"]: b["compute_infer"]["count"] for b in after["batch_stats"]}
+    assert sizes.get(8, 0) >= 1
+    client.close()
+
+
+def test_64_concurrent_clients_get_their_own_outputs(server) -> None:
+    stats_client = httpclient.InferenceServerClient(server.http_url)
+    before = _stats(stats_client, "batch_scale")
+
+    def one(i: int) -> list[float]:
+        client = httpclient.InferenceServerClient(server.http_url)
+        try:
+            tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+            tensor.set_data_from_numpy(np.arange(4, dtype=np.float32).reshape(1, 4) + 100 * i)
+            return client.infer("batch_scale", [tensor]).as_numpy("OUTPUT0").ravel().tolist()
+        finally:
+            client.close()
+
+    with ThreadPoolExecutor(64) as pool:
+        outputs = list(pool.map(one, range(64)))
+    for i, out in enumerate(outputs):
+        assert out == [3.0 * (100 * i + k) for k in range(4)]
+    after = _stats(stats_client, "batch_scale")
+    inferences = after["inference_count"] - before["inference_count"]
+    executions = after["execution_count"] - before["execution_count"]
+    assert inferences == 64
+    assert executions < inferences  # batches of more than one request were formed
+    assert max(b["batch_size"] for b in after["batch_stats"]) > 1
+    stats_client.close()
+
+
+def test_statistics_shape(http_client) -> None:
+    stats = http_client.get_inference_statistics("batch_scale")["model_stats"][0]
+    assert stats["name"] == "batch_scale" and stats["version"] == "1"
+    for key in (
+        "success",
+        "fail",
+        "queue",
+        "compute_input",
+        "compute_infer",
+        "compute_output",
+        "cache_hit",
+        "cache_miss",
+    ):
+        assert set(stats["inference_stats"][key]) == {"count", "ns"}
+    assert (
+        stats["inference_stats"]["success"]["count"] == stats["inference_stats"]["queue"]["count"]
+    )
+    with pytest.raises(InferenceServerException) as info:
+        http_client.get_inference_statistics("nope")
+    assert info.value.status() == "400"
+    assert "requested model 'nope' is not available" in info.value.message()
+
+
+def test_queue_full_rejects_at_once(server) -> None:
+    client = httpclient.InferenceServerClient(server.http_url, concurrency=4)
+    first = client.async_infer("slow_queue", _slow_input(1.0), parameters={"sleep_ms": 1500})
+    time.sleep(0.5)  # the instance has taken the first request
+    second = client.async_infer("slow_queue", _slow_input(2.0), parameters={"sleep_ms": 1})
+    time.sleep(0.2)
+    started = time.monotonic()
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("slow_queue", _slow_input(3.0))
+    assert time.monotonic() - started < 1.0  # refused without waiting
+    assert info.value.status() == "503"
+    assert "Exceeds maximum queue size" in info.value.message()
+    assert first.get_result(timeout=30).as_numpy("OUT").tolist() == [[1.0]]
+    assert second.get_result(timeout=30).as_numpy("OUT").tolist() == [[2.0]]
+    client.close()
+
+
+def test_queue_timeout_rejects_and_override_shortens(server) -> None:
+    client = httpclient.InferenceServerClient(server.http_url, concurrency=4)
+    busy = client.async_infer("slow_timeout", _slow_input(1.0), parameters={"sleep_ms": 800})
+    time.sleep(0.2)
+    waiting = client.async_infer("slow_timeout", _slow_input(2.0))
+    with pytest.raises(InferenceServerException) as info:
+        waiting.get_result(timeout=30)
+    assert info.value.status() == "503"
+    assert "Request timeout expired" in info.value.message()
+    assert busy.get_result(timeout=30).as_numpy("OUT").tolist() == [[1.0]]
+    # no queueing: the default 300 ms timeout is not reached
+    assert client.infer("slow_timeout", _slow_input(5.0)).as_numpy("OUT").tolist() == [[5.0]]
+    # a request timeout of 50 ms (override allowed) expires behind a 400 ms request
+    busy = client.async_infer("slow_timeout", _slow_input(1.0), parameters={"sleep_ms": 400})
+    time.sleep(0.1)
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("slow_timeout", _slow_input(6.0), timeout=50_000)
+    assert "Request timeout expired" in info.value.message()
+    busy.get_result(timeout=30)
+    client.close()
+
+
+def test_delay_action_still_serves(server) -> None:
+    client = httpclient.InferenceServerClient(server.http_url, concurrency=4)
+    busy = client.async_infer("slow_delay", _slow_input(1.0), parameters={"sleep_ms": 500})
+    time.sleep(0.2)
+    late = client.async_infer("slow_delay", _slow_input(2.0))
+    assert late.get_result(timeout=30).as_numpy("OUT").tolist() == [[2.0]]
+    assert busy.get_result(timeout=30).as_numpy("OUT").tolist() == [[1.0]]
+    client.close()
+
+
+def test_priority_request_overtakes(server) -> None:
+    """With the instance busy, a priority-1 request queued after priority-2 ones runs first."""
+    finished: list[float] = []
+    lock = threading.Lock()
+
+    def send(value: float, priority: int, sleep_ms: int) -> None:
+        client = httpclient.InferenceServerClient(server.http_url)
+        try:
+            out = client.infer(
+                "slow_priority",
+                _slow_input(value),
+                priority=priority,
+                parameters={"sleep_ms": sleep_ms},
+            )
+            assert out.as_numpy("OUT").tolist() == [[value]]
+            with lock:
+                finished.append(value)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=send, args=(0.0, 2, 700))]
+    threads[0].start()
+    time.sleep(0.3)  # the instance is busy with the first request
+    for value in (1.0, 2.0, 3.0):
+        threads.append(threading.Thread(target=send, args=(value, 2, 30)))
+        threads[-1].start()
+        time.sleep(0.03)
+    threads.append(threading.Thread(target=send, args=(9.0, 1, 30)))
+    threads[-1].start()
+    for thread in threads:
+        thread.join(30)
+    assert finished == [0.0, 9.0, 1.0, 2.0, 3.0]
+
+
+def test_killed_instance_loses_no_request(server) -> None:
+    """Two instances under steady load; one is SIGKILLed mid-run; every request is answered."""
+    r = redis.Redis.from_url(server.redis_url)
+    instances = {
+        k.decode(): json.loads(v)
+        for k, v in r.hgetall(f"{server.key_prefix}{{slow_pair}}:instances:1").items()
+    }
+    r.close()
+    assert len(instances) == 2
+    victim = next(iter(instances.values()))["pid"]
+    stop = time.monotonic() + 6.0
+    results: list[tuple[float, object]] = []
+    lock = threading.Lock()
+
+    def client_loop(worker: int) -> None:
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+        i = 0
+        try:
+            while time.monotonic() < stop:
+                value = float(worker * 1000 + i)
+                try:
+                    out = client.infer(
+                        "slow_pair", _slow_input(value), parameters={"sleep_ms": 40}
+                    ).as_numpy("OUT")
+                    answer: object = float(out[0][0])
+                except InferenceServerException as exc:
+                    answer = exc
+                with lock:
+                    results.append((value, answer))
+                i += 1
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=client_loop, args=(w,)) for w in range(6)]
+    for thread in threads:
+        thread.start()
+    time.sleep(2.0)
+    os.kill(victim, signal.SIGKILL)
+    for thread in threads:
+        thread.join(90)
+    assert not any(t.is_alive() for t in threads), "a request hung"
+    assert len(results) > 20
+    errors = [(v, a) for v, a in results if not isinstance(a, float)]
+    assert not errors, errors[:3]
+    assert all(value == answer for value, answer in results)
