@@ -25,7 +25,7 @@ from broker.model_store import ModelState
 from broker.producer import QUEUE_FULL, Producer
 from broker.replies import ReplyRouter
 from broker.scheduling import StreamLayout
-from broker.stats_store import decode_stats, record_failure, triton_model_stats
+from broker.stats_store import StatsDelta, decode_stats, triton_model_stats
 
 #: extensions this server implements, in Triton's order (PROTOCOL.md 0).
 EXTENSIONS = (
@@ -219,13 +219,10 @@ class DataPlane:
             )
 
     async def _count_rejection(self, model: str, version: int) -> None:
+        delta = StatsDelta()
+        delta.failure(request_ns=0, reason="REJECTED")
         async with self._redis.pipeline(transaction=False) as pipe:
-            record_failure(
-                pipe,
-                self._keys.stats(model, version),
-                request_ns=0,  # type: ignore[arg-type]
-                reason="REJECTED",
-            )
+            delta.apply(pipe, self._keys.stats(model, version))
             await pipe.execute()
 
     # -- statistics -------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.asyncio.client import Pipeline as AsyncPipeline
 from redis.client import Pipeline
 
 FAIL_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
@@ -35,46 +36,67 @@ class ExecutionTimes:
     compute_output_ns: int
 
 
-def record_execution(pipe: Pipeline, key: str, batch_size: int, times: ExecutionTimes) -> None:
-    """Count one execution of ``batch_size`` (Triton ``execution_count``, ``batch_stats``)."""
-    pipe.hincrby(key, "execution_count", 1)
-    prefix = f"batch:{batch_size}:"
-    pipe.hincrby(key, prefix + "count", 1)
-    pipe.hincrby(key, prefix + "compute_input_ns", times.compute_input_ns)
-    pipe.hincrby(key, prefix + "compute_infer_ns", times.compute_infer_ns)
-    pipe.hincrby(key, prefix + "compute_output_ns", times.compute_output_ns)
+#: adds ARGV pairs (field, delta) to the hash KEYS[1]; ARGV[1] is last_inference_ms (0 = keep).
+_APPLY = """
+if ARGV[1] ~= '0' then redis.call('HSET', KEYS[1], 'last_inference_ms', ARGV[1]) end
+for i = 2, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1]) end
+return 1
+"""
 
 
-def record_success(
-    pipe: Pipeline,
-    key: str,
-    *,
-    batch_size: int,
-    request_ns: int,
-    queue_ns: int,
-    times: ExecutionTimes,
-    now_ms: int,
-) -> None:
-    """Count one successful request (``success``, ``queue``, ``compute_*``, ``inference_count``)."""
-    values = {
-        "success": request_ns,
-        "queue": queue_ns,
-        "compute_input": times.compute_input_ns,
-        "compute_infer": times.compute_infer_ns,
-        "compute_output": times.compute_output_ns,
-    }
-    for name, ns in values.items():
-        pipe.hincrby(key, f"{name}_count", 1)
-        pipe.hincrby(key, f"{name}_ns", max(0, ns))
-    pipe.hincrby(key, "inference_count", max(1, batch_size))
-    pipe.hset(key, "last_inference_ms", now_ms)
+@dataclass(slots=True)
+class StatsDelta:
+    """Counter increments of one version, gathered in memory and applied in one command."""
 
+    counts: dict[str, int] = field(default_factory=dict)
+    last_inference_ms: int = 0
 
-def record_failure(pipe: Pipeline, key: str, *, request_ns: int, reason: str) -> None:
-    """Count one failed request; ``reason`` is one of :data:`FAIL_REASONS`."""
-    pipe.hincrby(key, "fail_count", 1)
-    pipe.hincrby(key, "fail_ns", max(0, request_ns))
-    pipe.hincrby(key, f"fail_reason:{reason}", 1)
+    def add(self, name: str, value: int) -> None:
+        self.counts[name] = self.counts.get(name, 0) + value
+
+    def execution(self, batch_size: int, times: ExecutionTimes) -> None:
+        """One execution of ``batch_size`` (Triton ``execution_count``, ``batch_stats``)."""
+        self.add("execution_count", 1)
+        prefix = f"batch:{batch_size}:"
+        self.add(prefix + "count", 1)
+        self.add(prefix + "compute_input_ns", times.compute_input_ns)
+        self.add(prefix + "compute_infer_ns", times.compute_infer_ns)
+        self.add(prefix + "compute_output_ns", times.compute_output_ns)
+
+    def success(
+        self, *, batch_size: int, request_ns: int, queue_ns: int, times: ExecutionTimes, now_ms: int
+    ) -> None:
+        """One successful request (``success``, ``queue``, ``compute_*``, ``inference_count``).
+
+        Triton: a request in a batch is charged the whole batch's compute durations.
+        """
+        values = {
+            "success": request_ns,
+            "queue": queue_ns,
+            "compute_input": times.compute_input_ns,
+            "compute_infer": times.compute_infer_ns,
+            "compute_output": times.compute_output_ns,
+        }
+        for name, ns in values.items():
+            self.add(f"{name}_count", 1)
+            self.add(f"{name}_ns", max(0, ns))
+        self.add("inference_count", max(1, batch_size))
+        self.last_inference_ms = max(self.last_inference_ms, now_ms)
+
+    def failure(self, *, request_ns: int, reason: str) -> None:
+        """One failed request; ``reason`` is one of :data:`FAIL_REASONS`."""
+        self.add("fail_count", 1)
+        self.add("fail_ns", max(0, request_ns))
+        self.add(f"fail_reason:{reason}", 1)
+
+    def apply(self, pipe: Pipeline | AsyncPipeline, key: str) -> None:
+        """Queue the increments on ``pipe`` as one ``EVAL`` (no extra round trip)."""
+        if not self.counts and not self.last_inference_ms:
+            return
+        args: list[object] = [self.last_inference_ms]
+        for name, value in self.counts.items():
+            args.extend((name, value))
+        pipe.eval(_APPLY, 1, key, *args)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,19 +19,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from redis.client import Pipeline
 
 from batching import Batch, DynamicBatcher, Pending, Rejected
 from broker.consumer import Delivery, StreamConsumer
 from broker.datatypes import config_to_protocol, serialize_bytes, to_numpy
 from broker.messages import ErrorInfo, InferResponseMessage, WireTensor
 from broker.scheduling import ShapeKeys, StreamLayout
-from broker.stats_store import (
-    ExecutionTimes,
-    record_execution,
-    record_failure,
-    record_success,
-)
+from broker.stats_store import ExecutionTimes, StatsDelta
 from gpu_workers.backends.base import Backend, InferError, InferRequest, InferResponse
 
 logger = logging.getLogger(__name__)
@@ -199,16 +193,14 @@ class InstanceLoop:
             for d, code, text in failures
         ]
 
-        def stats(pipe: Pipeline) -> None:
-            for delivery, code, _ in failures:
-                record_failure(
-                    pipe,
-                    self._stats_key,
-                    request_ns=now - delivery.message.enqueued_ns,
-                    reason=_REASONS.get(code, "OTHER"),
-                )
-
-        self._consumer.finish(replies, [d for d, _, _ in failures], stats)
+        delta = StatsDelta()
+        for delivery, code, _ in failures:
+            delta.failure(
+                request_ns=now - delivery.message.enqueued_ns, reason=_REASONS.get(code, "OTHER")
+            )
+        self._consumer.finish(
+            replies, [d for d, _, _ in failures], lambda pipe: delta.apply(pipe, self._stats_key)
+        )
 
     # -- execution ---------------------------------------------------------------------------
 
@@ -265,32 +257,28 @@ class InstanceLoop:
             max(1, held[i].batch_size) for i in decode_errors
         )
 
-        def stats(pipe: Pipeline) -> None:
-            if runnable:
-                record_execution(pipe, self._stats_key, executed_size, times)
-            for item in successes:
-                message = item.delivery.message
-                record_success(
-                    pipe,
-                    self._stats_key,
-                    batch_size=item.batch_size,
-                    request_ns=done - message.enqueued_ns,
-                    queue_ns=start - message.enqueued_ns,
-                    times=times,
-                    now_ms=done // 1_000_000,
-                )
-            for item, code in failures:
-                record_failure(
-                    pipe,
-                    self._stats_key,
-                    request_ns=done - item.delivery.message.enqueued_ns,
-                    reason=_REASONS.get(code, "OTHER"),
-                )
+        delta = StatsDelta()
+        if runnable:
+            delta.execution(executed_size, times)
+        for item in successes:
+            message = item.delivery.message
+            delta.success(
+                batch_size=item.batch_size,
+                request_ns=done - message.enqueued_ns,
+                queue_ns=start - message.enqueued_ns,
+                times=times,
+                now_ms=done // 1_000_000,
+            )
+        for item, code in failures:
+            delta.failure(
+                request_ns=done - item.delivery.message.enqueued_ns,
+                reason=_REASONS.get(code, "OTHER"),
+            )
 
         self._consumer.finish(
             [(h.delivery.message.reply_to, a) for h, a in zip(held, answers, strict=True)],
             [h.delivery for h in held],
-            stats,
+            lambda pipe: delta.apply(pipe, self._stats_key),
         )
 
     def _run_backend(self, requests: list[InferRequest]) -> list[InferResponse | InferError]:

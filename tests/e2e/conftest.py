@@ -76,3 +76,13 @@ def http_client(server: Server) -> Iterator[object]:
     )
     yield client
     client.close()
+
+
+@pytest.fixture
+def grpc_client(server: Server) -> Iterator[object]:
+    """An unmodified ``tritonclient.grpc`` client on the session server."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    yield client
+    client.close()

@@ -141,6 +141,11 @@ class Server:
     key_prefix: str
     redis_url: str
     log_path: Path
+    grpc_port: int = 0
+
+    @property
+    def grpc_url(self) -> str:
+        return f"localhost:{self.grpc_port}"
 
     @property
     def http_url(self) -> str:
@@ -181,6 +186,9 @@ def start_server(
 ) -> Server:
     """Start ``sluice serve`` on free ports and wait (bounded) until it is ready."""
     port = free_port()
+    grpc_port = free_port()
+    while grpc_port == port:
+        grpc_port = free_port()
     prefix = f"sluice-e2e-{uuid.uuid4().hex[:8]}:"
     full_env = dict(os.environ)
     full_env.update(env or {})
@@ -197,6 +205,10 @@ def start_server(
             str(port),
             "--http-address",
             "127.0.0.1",
+            "--grpc-port",
+            str(grpc_port),
+            "--grpc-address",
+            "127.0.0.1",
             "--redis-url",
             redis_url,
             "--key-prefix",
@@ -210,7 +222,7 @@ def start_server(
         env=full_env,
         cwd=ROOT,
     )
-    server = Server(process, port, prefix, redis_url, log_path)
+    server = Server(process, port, prefix, redis_url, log_path, grpc_port)
     if not wait_ready:
         return server
     deadline = time.monotonic() + timeout_s
