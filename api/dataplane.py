@@ -29,6 +29,7 @@ from broker.stats_store import StatsDelta, decode_stats, triton_model_stats
 
 #: extensions this server implements, in Triton's order (PROTOCOL.md 0).
 EXTENSIONS = (
+    "classification",
     "model_repository",
     "model_configuration",
     "binary_tensor_data",
@@ -300,6 +301,7 @@ class DataPlane:
             reply_to=self.router.reply_key,
             deadline_ns=now_ns + self._timeout_ns,
             enqueued_ns=now_ns,
+            classification={o.name: o.class_count for o in outputs if o.class_count > 0},
         )
         layout = StreamLayout(self._keys, model, resolved, view.policy)
         level = layout.level_of(int(parameters.get("priority", 0) or 0))

@@ -14,6 +14,9 @@ from broker.datatypes import ELEMENT_SIZES, deserialize_bytes, element_count
 from broker.errors import invalid_arg
 from broker.messages import RequestedOutput, WireTensor
 
+#: Triton classification extension: only numeric, non-16-bit outputs can be classified.
+_UNCLASSIFIABLE = frozenset({"BOOL", "BYTES", "FP16", "BF16"})
+
 
 def _dims_text(dims: Sequence[int]) -> str:
     return "[" + ",".join(str(d) for d in dims) + "]"
@@ -43,6 +46,11 @@ def validate_request(
     """
     model = view.name
     for requested in outputs:
+        spec = view.outputs.get(requested.name)
+        if spec is not None and requested.class_count > 0 and spec.datatype in _UNCLASSIFIABLE:
+            raise invalid_arg(
+                f"class result not available for output '{requested.name}' of model '{model}' "
+                f"due to unsupported type '{spec.datatype}'", model=model, tensor=requested.name)
         if requested.name not in view.outputs:
             raise invalid_arg(
                 f"unexpected inference output '{requested.name}' for model '{model}'",

@@ -48,6 +48,7 @@ def encode_request(message: InferRequestMessage) -> bytes:
             message.reply_to,
             message.deadline_ns,
             message.enqueued_ns,
+            message.classification,
         ],
         use_bin_type=True,
     )
@@ -73,6 +74,7 @@ def decode_request(payload: bytes) -> InferRequestMessage:
             reply_to,
             deadline_ns,
             enqueued_ns,
+            classification,
         ) = fields
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise CodecError(f"undecodable request message: {exc}") from exc
@@ -89,6 +91,7 @@ def decode_request(payload: bytes) -> InferRequestMessage:
         reply_to=reply_to,
         deadline_ns=deadline_ns,
         enqueued_ns=enqueued_ns,
+        classification=classification,
     )
 
 

@@ -60,6 +60,8 @@ class InferRequestMessage:
         reply_to: the Redis key the worker pushes the response to.
         deadline_ns: wall-clock deadline, ns since the epoch (``time.time_ns``).
         enqueued_ns: wall-clock time the gateway queued it, ns since the epoch.
+        classification: output name -> ``k`` for outputs asked for as top-k class strings
+            (Triton classification extension).
     """
 
     request_id: str
@@ -72,6 +74,7 @@ class InferRequestMessage:
     reply_to: str
     deadline_ns: int
     enqueued_ns: int
+    classification: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,10 +23,11 @@ import numpy as np
 from batching import Batch, DynamicBatcher, Pending, Rejected
 from broker.consumer import Delivery, StreamConsumer
 from broker.datatypes import config_to_protocol, serialize_bytes, to_numpy
-from broker.messages import ErrorInfo, InferResponseMessage, WireTensor
+from broker.messages import ErrorInfo, InferRequestMessage, InferResponseMessage, WireTensor
 from broker.scheduling import ShapeKeys, StreamLayout
 from broker.stats_store import ExecutionTimes, StatsDelta
 from gpu_workers.backends.base import Backend, InferError, InferRequest, InferResponse
+from gpu_workers.classification import classify
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +102,8 @@ class InstanceLoop:
         self._held: dict[str, _Held] = {}
         self._read_count = max(1, layout.policy.max_batch_size)
         self.stopping = threading.Event()
+        #: output name -> class labels (Triton ``label_filename``), for classification.
+        self.labels: dict[str, list[str]] = {}
         #: called between iterations (pending-entry recovery); returns deliveries to admit.
         self.housekeeping: Callable[[], list[Delivery]] | None = None
 
@@ -245,7 +248,7 @@ class InstanceLoop:
                 answers.append(self._error(request_id, "INVALID_ARG", decode_errors[index]))
                 failures.append((item, "INVALID_ARG"))
                 continue
-            answer = self._answer(request_id, next(result_iter))
+            answer = self._answer(item.delivery.message, next(result_iter))
             answers.append(answer)
             if answer.error is None:
                 successes.append(item)
@@ -295,14 +298,22 @@ class InstanceLoop:
             return [InferError("INTERNAL", message)] * len(requests)
         return results
 
-    def _answer(self, request_id: str, result: InferResponse | InferError) -> InferResponseMessage:
+    def _answer(
+        self, message: InferRequestMessage, result: InferResponse | InferError
+    ) -> InferResponseMessage:
+        request_id = message.request_id
         if isinstance(result, InferError):
             return self._error(request_id, result.code, result.message)
         try:
-            outputs = tuple(
-                _wire(name, self._output_datatypes.get(name, "BYTES"), array)
-                for name, array in result.outputs.items()
-            )
+            wires = []
+            for name, array in result.outputs.items():
+                k = message.classification.get(name, 0)
+                if k > 0:
+                    labels = self.labels.get(name, [])
+                    wires.append(_wire(name, "BYTES", classify(array, k, self._batching, labels)))
+                else:
+                    wires.append(_wire(name, self._output_datatypes.get(name, "BYTES"), array))
+            outputs = tuple(wires)
         except Exception as exc:
             logger.exception("model '%s' produced an output that cannot be sent", self._model)
             return self._error(request_id, "INTERNAL", str(exc))

@@ -28,6 +28,7 @@ from broker.scheduling import ShapeKeys, StreamLayout, scheduling_policy
 from broker.settings import RedisSettings
 from gpu_workers.backends.base import InstanceContext
 from gpu_workers.backends.registry import backend_class
+from gpu_workers.classification import read_labels
 from gpu_workers.liveness import Liveness
 from gpu_workers.loop import InstanceLoop, output_datatypes
 
@@ -97,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
             model_dir=args.model_dir,
             version_dir=args.model_dir / str(args.version),
         )
+        labels = {
+            o.name: read_labels(args.model_dir, o.label_filename)
+            for o in config.output
+            if o.label_filename
+        }
         backend = backend_class(config.backend, args.model)()
         backend.initialize(ctx)
     except Exception as exc:
@@ -125,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         stale_after_s=args.stale_instance_secs,
     )
     loop.housekeeping = liveness.recover
+    loop.labels = labels
 
     def stop(signum: int, _frame: FrameType | None) -> None:
         logger.info("signal %d: finishing the batch in hand", signum)

@@ -280,11 +280,17 @@ class Supervisor:
     # -- steady state and shutdown ---------------------------------------------------------
 
     def watch(self) -> None:
-        """Restart instances that die; return when asked to stop or the gateway exits."""
+        """Restart the gateway and instances that die; return when asked to stop."""
+        gateway_restarts = 0
+        gateway_started = time.monotonic()
         while not self._stopping:
             if self.gateway is not None and self.gateway.poll() is not None:
-                logger.error("gateway exited with code %s; stopping", self.gateway.returncode)
-                return
+                delay = min(30.0, 0.5 * 2 ** min(gateway_restarts, 6))
+                if time.monotonic() - gateway_started >= delay:
+                    logger.error("gateway exited with code %s; restarting", self.gateway.returncode)
+                    gateway_restarts += 1
+                    gateway_started = time.monotonic()
+                    self.start_gateway()
             for instance in self.instances:
                 process = instance.process
                 if process is None or process.poll() is None:
@@ -319,9 +325,18 @@ class Supervisor:
         procs = [i.process for i in self.instances if i.process is not None]
         if self.gateway is not None:
             procs.append(self.gateway)
-        _terminate(procs, self.options.exit_timeout_s)
         with contextlib.suppress(redis.exceptions.RedisError):
             self.store.set_server(startup="exiting")
+            for model, version in sorted({(i.model, i.version) for i in self.instances}):
+                self.store.set_state(
+                    model, version, VersionState(ModelState.UNLOADING, "server exiting")
+                )
+        _terminate(procs, self.options.exit_timeout_s)
+        with contextlib.suppress(redis.exceptions.RedisError):
+            for model, version in sorted({(i.model, i.version) for i in self.instances}):
+                self.store.set_state(
+                    model, version, VersionState(ModelState.UNAVAILABLE, "unloaded")
+                )
         self.client.close()
 
 

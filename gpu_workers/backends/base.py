@@ -18,6 +18,10 @@ import numpy as np
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 
+class BackendInputError(ValueError):
+    """A request's input that this framework cannot take; fails the execution with INVALID_ARG."""
+
+
 @dataclass(frozen=True, slots=True)
 class InstanceContext:
     """Where and what one model instance is.

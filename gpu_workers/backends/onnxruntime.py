@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tritonclient.grpc.model_config_pb2 import ModelConfig
+from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
 
-from gpu_workers.backends.base import InstanceContext
+from gpu_workers.backends.base import BackendInputError, InstanceContext
 from gpu_workers.backends.tensor_adapter import TensorBackendAdapter
 from repository.autocomplete import ORT_TYPE_TO_CONFIG, TensorSignature, autocomplete_from_signature
 
@@ -47,10 +47,64 @@ def _as_ort_strings(name: str, array: np.ndarray) -> np.ndarray:
         try:
             flat_out[i] = item.decode("utf-8") if isinstance(item, bytes) else str(item)
         except UnicodeDecodeError:
-            raise ValueError(
+            raise BackendInputError(
                 f"input '{name}' element {i} is not valid UTF-8; ONNX string tensors hold text"
             ) from None
     return out
+
+
+def _dims_text(dims: Sequence[int]) -> str:
+    return "[" + ",".join(str(d) for d in dims) + "]"
+
+
+def _check_tensors(ctx: InstanceContext, kind: str, configured: Any, graph: Sequence[Any]) -> None:
+    model = ctx.model_name
+    by_name = {arg.name: arg for arg in graph}
+    batching = ctx.config.max_batch_size > 0
+    for tensor in configured:
+        arg = by_name.get(tensor.name)
+        if arg is None:
+            raise ValueError(
+                f"unable to load model '{model}': configuration expects {kind} "
+                f"'{tensor.name}' but the ONNX model has no such {kind} "
+                f"(model {kind}s: {', '.join(sorted(by_name)) or 'none'})"
+            )
+        expected = DataType.Name(tensor.data_type)
+        actual = ORT_TYPE_TO_CONFIG.get(arg.type)
+        if actual != expected:
+            raise ValueError(
+                f"unable to load model '{model}': unexpected datatype {expected} for {kind} "
+                f"'{tensor.name}', the ONNX model has {actual or arg.type}"
+            )
+        if actual == "TYPE_BF16":
+            raise ValueError(
+                f"unable to load model '{model}': {kind} '{tensor.name}' is TYPE_BF16, which "
+                "the onnxruntime backend of Sluice cannot exchange with numpy yet"
+            )
+        dims = list(tensor.reshape.shape) if tensor.HasField("reshape") else list(tensor.dims)
+        if batching:
+            dims = [-1, *dims]
+        model_dims = [d if isinstance(d, int) and d >= 0 else -1 for d in (arg.shape or [])]
+        compatible = len(dims) == len(model_dims) and all(
+            m == -1 or c == -1 or m == c for c, m in zip(dims, model_dims, strict=True)
+        )
+        if not compatible:
+            raise ValueError(
+                f"unable to load model '{model}': {kind} '{tensor.name}' has shape "
+                f"{_dims_text(model_dims)} in the ONNX model but the configuration specifies "
+                f"{_dims_text(dims)} (batch dimension included when max_batch_size > 0)"
+            )
+
+
+def check_model_io(ctx: InstanceContext, session: Any) -> None:
+    """Refuse a config that disagrees with the graph (Triton onnxruntime backend ValidateInputs).
+
+    Raises:
+        ValueError: a configured input/output is missing from the graph, or its datatype
+            or shape (batch dimension included) differs, naming the model and tensor.
+    """
+    _check_tensors(ctx, "input", ctx.config.input, session.get_inputs())
+    _check_tensors(ctx, "output", ctx.config.output, session.get_outputs())
 
 
 class OnnxRuntimeSession:
@@ -82,6 +136,7 @@ class OnnxRuntimeSession:
         self._session = ort.InferenceSession(
             str(_model_path(ctx.model_file)), sess_options=options, providers=providers
         )
+        check_model_io(ctx, self._session)
         logger.info(
             "model '%s' instance '%s' loaded with %s",
             ctx.model_name,

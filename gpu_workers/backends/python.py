@@ -39,8 +39,15 @@ logger = logging.getLogger(__name__)
 #: Request parameters with a meaning for Triton itself (PROTOCOL.md 2.3); the
 #: model's ``parameters()`` holds only the other (custom) ones.
 RESERVED_PARAMETERS = frozenset(
-    {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
-     "binary_data_output", "headers"}
+    {
+        "sequence_id",
+        "sequence_start",
+        "sequence_end",
+        "priority",
+        "timeout",
+        "binary_data_output",
+        "headers",
+    }
 )
 
 _DEFAULT_FILE = "model.py"
@@ -143,8 +150,11 @@ def to_pb_request(
         flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
     if params.get("sequence_end"):
         flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
-    custom = {k: v for k, v in params.items()
-              if k not in RESERVED_PARAMETERS and not k.startswith("triton_")}
+    custom = {
+        k: v
+        for k, v in params.items()
+        if k not in RESERVED_PARAMETERS and not k.startswith("triton_")
+    }
     reshape = input_reshape or {}
     tensors = []
     for name, array in request.inputs.items():
@@ -225,8 +235,9 @@ def from_pb_response(
             continue
         spec = outputs.get(name)
         if spec is None:
-            return InferError("INTERNAL", f"unexpected inference output '{name}' for model "
-                              f"'{model}'")
+            return InferError(
+                "INTERNAL", f"unexpected inference output '{name}' for model '{model}'"
+            )
         array = np.asarray(tensor.as_numpy())
         if spec.reshaped:
             array = array.reshape((array.shape[0], *spec.dims) if batching else spec.dims)
@@ -288,8 +299,9 @@ class PythonBackend:
         config = ctx.config
         _check_supported(config)
         path = _model_file(config, ctx.version_dir)
-        module = _import_model_file(path, f"{ctx.model_name}_{ctx.model_version}_"
-                                          f"{ctx.instance_name}")
+        module = _import_model_file(
+            path, f"{ctx.model_name}_{ctx.model_version}_{ctx.instance_name}"
+        )
         model = _model_class(module, path)()
         self._ctx = ctx
         self._batching = config.max_batch_size > 0
@@ -305,8 +317,12 @@ class PythonBackend:
         if init is not None:
             init(self.initialize_args(ctx))
         self._model = model
-        logger.info("Python model '%s' instance '%s' loaded from %s",
-                    ctx.model_name, ctx.instance_name, path)
+        logger.info(
+            "Python model '%s' instance '%s' loaded from %s",
+            ctx.model_name,
+            ctx.instance_name,
+            path,
+        )
 
     def execute(self, requests: Sequence[InferRequest]) -> list[InferResponse | InferError]:
         """Call the model's ``execute`` once with every request; one answer per request.
@@ -318,8 +334,12 @@ class PythonBackend:
         name = self._ctx.model_name
         instance = self._ctx.instance_name
         pb_requests = [
-            to_pb_request(r, output_names=self._output_names, input_reshape=self._input_reshape,
-                          batching=self._batching)
+            to_pb_request(
+                r,
+                output_names=self._output_names,
+                input_reshape=self._input_reshape,
+                batching=self._batching,
+            )
             for r in requests
         ]
         try:
@@ -328,12 +348,18 @@ class PythonBackend:
                 responses = asyncio.run(responses)
         except pb_utils.TritonModelException as exc:
             logger.exception("Python model '%s' execute raised", name)
-            return self._fail_all(len(requests), f"Failed to process the request(s) for model "
-                                  f"instance '{instance}', message: {exc.message()}")
+            return self._fail_all(
+                len(requests),
+                f"Failed to process the request(s) for model "
+                f"instance '{instance}', message: {exc.message()}",
+            )
         except Exception as exc:
             logger.exception("Python model '%s' execute raised", name)
-            return self._fail_all(len(requests), f"Failed to process the request(s) for model "
-                                  f"instance '{instance}', message: {type(exc).__name__}: {exc}")
+            return self._fail_all(
+                len(requests),
+                f"Failed to process the request(s) for model "
+                f"instance '{instance}', message: {type(exc).__name__}: {exc}",
+            )
         if not isinstance(responses, list | tuple):
             return self._fail_all(
                 len(requests),

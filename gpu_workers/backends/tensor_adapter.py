@@ -16,6 +16,7 @@ import numpy as np
 from batching import concat_inputs, split_outputs
 from broker.datatypes import NUMPY_DTYPES, config_to_protocol
 from gpu_workers.backends.base import (
+    BackendInputError,
     InferError,
     InferRequest,
     InferResponse,
@@ -104,6 +105,9 @@ class TensorBackendAdapter:
                 }
             produced = self._framework.run(feed, self._output_names)
             parts = [produced] if len(requests) == 1 else split_outputs(produced, sizes)
+        except BackendInputError as exc:
+            error = InferError("INVALID_ARG", f"model '{self._ctx.model_name}': {exc}")
+            return [error] * len(requests)
         except Exception as exc:
             logger.exception(
                 "model '%s' failed on %d request(s)", self._ctx.model_name, len(requests)

@@ -26,7 +26,8 @@ def test_server_metadata(http_client) -> None:
     assert "binary_tensor_data" in meta["extensions"]
     assert "model_configuration" in meta["extensions"]
     assert "statistics" in meta["extensions"]
-    assert "classification" not in meta["extensions"]  # not advertised until implemented
+    assert "classification" in meta["extensions"]
+    assert "sequence" not in meta["extensions"]  # not advertised until implemented
 
 
 def test_model_metadata(http_client) -> None:

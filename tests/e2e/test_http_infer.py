@@ -338,3 +338,25 @@ def test_server_still_serving_after_errors(http_client) -> None:
         _error(http_client, "add_sub", _add_sub_inputs(a, a))
     assert http_client.is_server_ready()
     test_add_sub_exact(http_client, False)
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_classification(http_client, binary: bool) -> None:
+    x = np.array([[0.5, 3.25, -1.0, 2.0], [4.0, 1.0, 1.5, 0.0]], np.float32)
+    tensor = httpclient.InferInput("INPUT0", [2, 4], "FP32")
+    tensor.set_data_from_numpy(x)
+    out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary, class_count=2)
+    result = http_client.infer("batch_scale", [tensor], outputs=[out])
+    classes = result.as_numpy("OUTPUT0")
+    assert classes.shape == (2, 2)
+    expected = [["9.750000:1", "6.000000:3"], ["12.000000:0", "4.500000:2"]]
+    got = [[c.decode() if isinstance(c, bytes) else c for c in row] for row in classes.tolist()]
+    assert got == expected
+
+
+def test_classification_of_bool_refused(http_client) -> None:
+    inputs, _ = _types_inputs(True)
+    outputs = [httpclient.InferRequestedOutput("OUT_BOOL", class_count=1)]
+    err = _error(http_client, "identity_types", inputs, outputs=outputs)
+    assert err.status() == "400"
+    assert "class result not available for output 'OUT_BOOL'" in err.message()

@@ -28,6 +28,9 @@ def _small_repo(model_repository: Path, tmp_path: Path, broken: bool) -> Path:
             'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
             "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
         )
+        shutil.copytree(model_repository / "add_sub", repo / "mismatch")
+        config = (repo / "mismatch/config.pbtxt").read_text().replace('"add_sub"', '"mismatch"')
+        (repo / "mismatch/config.pbtxt").write_text(config.replace("dims: [ 16 ]", "dims: [ 3 ]"))
         (repo / "badconfig/1").mkdir(parents=True)
         (repo / "badconfig/config.pbtxt").write_text('platform: "onnxruntime_onnx"\nbogus: 1\n')
     return repo
@@ -84,6 +87,9 @@ def test_broken_models_reported_while_others_serve(model_repository, redis_url, 
             "INVALID_PROTOBUF" in states["broken"]["reason"]
             or "protobuf" in states["broken"]["reason"].lower()
         ), states["broken"]
+        assert states["mismatch"]["state"] == "UNAVAILABLE"
+        assert "input 'INPUT0' has shape [-1,16] in the ONNX model but the configuration " \
+            "specifies [-1,3]" in states["mismatch"]["reason"], states["mismatch"]
         assert states["badconfig"]["state"] == "UNAVAILABLE"
         assert "bogus" in states["badconfig"]["reason"]
         assert client.is_server_live()

@@ -1,0 +1,54 @@
+"""Triton's classification extension: an output turned into its top-k ``"value:index[:label]"``.
+
+Source: Triton ``src/classification.cc`` / PROTOCOL.md 2.5. Values print the C++
+``std::to_string`` way (integers as integers, floats with six decimals); the
+index is the flat index inside one batch item; labels come from the output's
+``label_filename`` (line ``index``) when the config names one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+
+def read_labels(model_dir: Path, label_filename: str) -> list[str]:
+    """Lines of ``model_dir / label_filename`` (empty list when no file is named)."""
+    if not label_filename:
+        return []
+    return (model_dir / label_filename).read_text().splitlines()
+
+
+def _value_text(value: np.generic) -> str:
+    if np.issubdtype(value.dtype, np.floating):
+        return f"{float(value):.6f}"
+    return str(int(value))
+
+
+def classify(array: np.ndarray, k: int, batching: bool, labels: Sequence[str]) -> np.ndarray:
+    """Top-``k`` class strings of ``array``.
+
+    Args:
+        array: the output, shape ``[b] + dims`` when ``batching`` else ``dims``; numeric,
+            not 16-bit float, not BOOL.
+        k: how many classes to keep per batch item (``min(k, n)`` are kept).
+        batching: whether the first dimension is the batch.
+        labels: label per flat index (may be shorter than the item or empty).
+
+    Returns:
+        An ``object`` array of ``bytes``, shape ``[b, min(k, n)]`` or ``[min(k, n)]``.
+    """
+    items = array.reshape(array.shape[0], -1) if batching else array.reshape(1, -1)
+    n = items.shape[1]
+    keep = min(k, n)
+    out = np.empty((items.shape[0], keep), dtype=object)
+    for row, item in enumerate(items):
+        order = np.argsort(-item.astype(np.float64), kind="stable")[:keep]
+        for col, index in enumerate(order):
+            text = f"{_value_text(item[index])}:{int(index)}"
+            if int(index) < len(labels):
+                text += f":{labels[int(index)]}"
+            out[row, col] = text.encode("utf-8")
+    return out if batching else out.reshape(keep)
