@@ -111,7 +111,9 @@ def run_one(
     if not flat:
         raise RuntimeError(f"{protocol} c={concurrency}: no request finished in the window")
     p99 = flat[min(len(flat) - 1, int(len(flat) * 0.99))]
-    return Result(protocol, concurrency, len(flat), seconds, statistics.median(flat) * 1e3, p99 * 1e3)
+    return Result(
+        protocol, concurrency, len(flat), seconds, statistics.median(flat) * 1e3, p99 * 1e3
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,8 @@ Rules (PROTOCOL.md 4.3, 4.4; Triton ``src/grpc/infer_handler.cc``):
 * Outputs are always returned in ``raw_output_contents``, one entry per output
   in ``outputs`` order; typed ``contents`` are never filled.
 * Request parameters follow the rules shared with HTTP (:mod:`api.parameters`).
+* A requested output's ``classification`` (``int64_param`` k) asks for the top-k
+  classes (classification extension), checked and run by the shared DataPlane.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from api.parameters import (
     check_request_parameters,
     duplicate_tensor,
     extra_input_data,
+    is_uint,
     shared_memory_unsupported,
 )
 from broker.datatypes import NUMPY_DTYPES, serialize_bytes
@@ -117,7 +120,7 @@ def parse_infer_request(request: service_pb2.ModelInferRequest) -> GrpcInferRequ
 
     Raises:
         SluiceError: INVALID_ARG for a malformed request (Triton's texts where it has
-            them); UNSUPPORTED for shared-memory tensors and classification outputs.
+            them); UNSUPPORTED for shared-memory tensors.
     """
     model = request.model_name
     version = parse_version(request.model_version, model)
@@ -210,15 +213,18 @@ def _parse_outputs(items: Iterable[Any], model: str) -> tuple[RequestedOutput, .
         seen.add(name)
         if _SHM_KEY in item.parameters:
             raise shared_memory_unsupported("output", name, model)
+        class_count = 0
         if "classification" in item.parameters:
-            raise SluiceError(
-                ErrorCode.UNSUPPORTED,
-                f"output '{name}' of model '{model}': the classification extension is not "
-                "supported yet",
-                model=model,
-                tensor=name,
-            )
-        outputs.append(RequestedOutput(name=name))
+            value = parameter_value(item.parameters["classification"])
+            if not is_uint(value) or isinstance(value, UInt64):
+                raise invalid_arg(
+                    f"Unable to parse 'classification' for output '{name}' of model "
+                    f"'{model}': expected a non-negative int64_param",
+                    model=model,
+                    tensor=name,
+                )
+            class_count = int(value)  # type: ignore[call-overload]
+        outputs.append(RequestedOutput(name=name, class_count=class_count))
     return tuple(outputs)
 
 
