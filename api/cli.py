@@ -44,6 +44,10 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     p.add_argument("--key-prefix", default=os.environ.get("SLUICE_REDIS__KEY_PREFIX", "sluice:"))
     p.add_argument("--model-control-mode", default="none", choices=["none", "poll", "explicit"])
+    p.add_argument("--load-model", action="append", default=[],
+                   help="explicit mode: a model to load at start (repeatable; '*' = all)")
+    p.add_argument("--repository-poll-secs", type=float, default=15.0,
+                   help="poll mode: seconds between repository scans")
     p.add_argument("--exit-on-error", type=_bool, default=True)
     p.add_argument("--strict-readiness", type=_bool, default=True)
     p.add_argument("--disable-auto-complete-config", action="store_true")
@@ -89,10 +93,8 @@ def serve(args: argparse.Namespace) -> int:
         level=logging.DEBUG if args.log_verbose else logging.INFO,
         format="%(asctime)s %(levelname)s [serve] %(name)s: %(message)s",
     )
-    if args.model_control_mode != "none":
-        logger.error(
-            "--model-control-mode=%s is not implemented yet; use 'none'", args.model_control_mode
-        )
+    if args.load_model and args.model_control_mode != "explicit":
+        logger.error("--load-model needs --model-control-mode=explicit")
         return 2
     try:
         redis_url, redis_process = _resolve_redis(args.redis_url)
@@ -107,6 +109,8 @@ def serve(args: argparse.Namespace) -> int:
         http_address=args.http_address,
         http_port=args.http_port,
         model_control_mode=args.model_control_mode,
+        load_models=tuple(args.load_model),
+        repository_poll_s=args.repository_poll_secs,
         exit_on_error=args.exit_on_error,
         strict_readiness=args.strict_readiness,
         strict_model_config=strict,
@@ -123,7 +127,7 @@ def serve(args: argparse.Namespace) -> int:
     try:
         supervisor.reset_state()
         supervisor.start_gateway()
-        failures = supervisor.load_all()
+        failures = supervisor.load_startup_models()
         for line in failures:
             logger.error("%s", line)
         if failures and options.exit_on_error:

@@ -18,6 +18,7 @@ from api.log_settings import LogSettings
 from api.models import ModelRegistry, ModelView
 from api.settings import GatewaySettings
 from api.validation import validate_request
+from broker.control import ControlCommand, encode_command
 from broker.errors import ErrorCode, SluiceError
 from broker.keys import KeySchema
 from broker.messages import InferRequestMessage, ParameterValue, RequestedOutput, WireTensor
@@ -73,7 +74,7 @@ class DataPlane:
         self.router = router
         self._keys = KeySchema(settings.redis.key_prefix)
         self._timeout_ns = int(settings.request_timeout_s * 1e9)
-        self.log_settings = LogSettings(log_verbose_level=settings.log_verbose)
+        self.log_settings = LogSettings.from_options(settings.log_options())
         """Triton's logging extension settings, shared by HTTP and gRPC."""
         self._producer = Producer(client)
 
@@ -198,19 +199,47 @@ class DataPlane:
         """The supervisor's model control mode (``none``, ``poll`` or ``explicit``)."""
         return (await self.registry.server_facts()).get("model_control_mode", "none")
 
-    async def load_model(self, model: str) -> None:
-        """Triton model repository extension: load.
+    async def load_model(
+        self, model: str, config_json: str = "", files: dict[str, bytes] | None = None
+    ) -> None:
+        """Triton model repository extension: load or reload, blocking until done.
+
+        Args:
+            model: model name.
+            config_json: Triton's ``config`` parameter (ModelConfig JSON), "" for none.
+            files: Triton's ``file:<version>/<path>`` parameters, decoded: path -> bytes.
+
+        Raises:
+            SluiceError: UNAVAILABLE in ``none``/``poll`` mode (Triton's text); INTERNAL
+                for a model in no repository; INVALID_ARG "load failed for model 'm': ...".
+        """
+        await self._refuse_control()
+        await self._control(ControlCommand(uuid.uuid4().hex, "load", model,
+                                           self.router.reply_key, config_json, files or {}))
+
+    async def unload_model(self, model: str, unload_dependents: bool = False) -> None:
+        """Triton model repository extension: unload, blocking until no version is READY.
 
         Raises:
             SluiceError: UNAVAILABLE in ``none``/``poll`` mode (Triton's text).
         """
         await self._refuse_control()
-        raise SluiceError(ErrorCode.UNSUPPORTED, "explicit model control is not implemented")
+        await self._control(ControlCommand(uuid.uuid4().hex, "unload", model,
+                                           self.router.reply_key,
+                                           unload_dependents=unload_dependents))
 
-    async def unload_model(self, model: str) -> None:
-        """Triton model repository extension: unload (see :meth:`load_model`)."""
-        await self._refuse_control()
-        raise SluiceError(ErrorCode.UNSUPPORTED, "explicit model control is not implemented")
+    async def _control(self, command: ControlCommand) -> None:
+        future = self.router.expect(command.command_id)
+        try:
+            await self._redis.xadd(self._keys.control(), {b"c": encode_command(command)})
+        except BaseException:
+            self.router.forget(command.command_id)
+            raise
+        deadline = time.time_ns() + int(self.settings.control_timeout_s * 1e9)
+        reply = await self.router.wait(command.command_id, future, deadline)
+        self.registry.invalidate(command.model)
+        if reply.error is not None:
+            raise SluiceError(reply.error.code, reply.error.message, model=command.model)
 
     async def _refuse_control(self) -> None:
         if await self.control_mode() != "explicit":

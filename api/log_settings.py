@@ -5,26 +5,23 @@ non-empty map update the given keys and answer the whole object (PROTOCOL.md 1.1
 server ``docs/protocol/extension_logging.md``). The six keys and their types are
 Triton's: ``log_file`` (string; cannot be changed over the network),
 ``log_info`` / ``log_warning`` / ``log_error`` (bool), ``log_verbose_level``
-(unsigned int), ``log_format`` (``"default"`` or ``"ISO8601"``). The levels drive
-Python's root logger of this process.
+(unsigned int), ``log_format`` (``"default"`` or ``"ISO8601"``). The settings drive
+this process's log handler (:mod:`broker.logs`).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from api.parameters import is_uint, value_type_name
 from broker.errors import ErrorCode, SluiceError, invalid_arg
+from broker.logs import LOG_FORMATS, LogOptions, reconfigure
 
 __all__ = ["LOG_FORMATS", "LogSettings"]
 
-LOG_FORMATS = ("default", "ISO8601")
 _BOOL_KEYS = ("log_info", "log_warning", "log_error")
-_ISO_FORMAT = "%(asctime)s %(levelname)s [gateway] %(name)s: %(message)s"
-_DEFAULT_FORMAT = "%(asctime)s %(levelname)s [gateway] %(name)s: %(message)s"
 
 
 @dataclass(slots=True)
@@ -37,6 +34,18 @@ class LogSettings:
     log_error: bool = True
     log_verbose_level: int = 0
     log_format: str = "default"
+
+    @classmethod
+    def from_options(cls, options: LogOptions) -> LogSettings:
+        """The settings object of a process started with ``options``."""
+        return cls(
+            log_file=options.file,
+            log_info=options.info,
+            log_warning=options.warning,
+            log_error=options.error,
+            log_verbose_level=options.verbose,
+            log_format=options.format,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """The settings object a GET answers (key order as Triton's)."""
@@ -85,24 +94,20 @@ class LogSettings:
         self.apply()
         return self.as_dict()
 
+    def options(self) -> LogOptions:
+        """These settings as the process-wide :class:`broker.logs.LogOptions`."""
+        return LogOptions(
+            verbose=self.log_verbose_level,
+            info=self.log_info,
+            warning=self.log_warning,
+            error=self.log_error,
+            format=self.log_format,
+            file=self.log_file,
+        )
+
     def apply(self) -> None:
-        """Set the root logger's level from the flags (verbose > 0 = DEBUG)."""
-        if self.log_verbose_level > 0:
-            level = logging.DEBUG
-        elif self.log_info:
-            level = logging.INFO
-        elif self.log_warning:
-            level = logging.WARNING
-        elif self.log_error:
-            level = logging.ERROR
-        else:
-            level = logging.CRITICAL + 1
-        root = logging.getLogger()
-        root.setLevel(level)
-        fmt = _ISO_FORMAT if self.log_format == "ISO8601" else _DEFAULT_FORMAT
-        datefmt = "%Y-%m-%dT%H:%M:%SZ" if self.log_format == "ISO8601" else None
-        for handler in root.handlers:
-            handler.setFormatter(logging.Formatter(fmt, datefmt))
+        """Make this process's log handler follow the settings (severities, format)."""
+        reconfigure(self.options())
 
 
 def _bad(key: str, expected: str, value: object) -> SluiceError:

@@ -164,6 +164,10 @@ class ModelRegistry:
         self._views[name] = view
         return view
 
+    def invalidate(self, name: str) -> None:
+        """Forget the cached view of ``name`` (after a load or unload through this gateway)."""
+        self._views.pop(name, None)
+
     async def resolve(self, name: str, version: int | None) -> tuple[ModelView, int]:
         """The view of ``name`` and the version a request runs on (:meth:`ModelView.resolve`)."""
         view = await self.get(name)

@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from broker.logs import LogOptions
 from broker.settings import RedisSettings
 
 
@@ -66,6 +67,29 @@ class GrpcSettings(BaseModel):
     """Triton ``--grpc-restricted-protocol``: ``<api-group>[,…]:<header>=<value>`` each."""
 
 
+class MetricsSettings(BaseModel):
+    """The Prometheus metrics endpoint (Triton ``--allow-metrics``, ``--metrics-*`` flags)."""
+
+    enabled: bool = True
+    """Triton ``--allow-metrics``."""
+    address: str = ""
+    """Triton ``--metrics-address``; empty = the HTTP address."""
+    port: int = Field(default=8002, ge=0, le=65535)
+    """Triton ``--metrics-port``."""
+    gpu: bool = True
+    """Triton ``--allow-gpu-metrics`` (only where pynvml finds a GPU)."""
+    cpu: bool = True
+    """Triton ``--allow-cpu-metrics`` (Linux ``/proc``)."""
+    interval_ms: int = Field(default=2000, gt=0)
+    """Triton ``--metrics-interval-ms``: how often GPU and CPU gauges are refreshed, in ms."""
+    counter_latencies: bool = True
+    """Triton ``--metrics-config counter_latencies``: the five ``*_duration_us`` counters."""
+    summary_latencies: bool = False
+    """Triton ``--metrics-config summary_latencies``: accepted, not implemented (logged)."""
+    histogram_latencies: bool = False
+    """Triton ``--metrics-config histogram_latencies``: accepted, not implemented (logged)."""
+
+
 class GatewaySettings(BaseSettings):
     """Everything one gateway process needs."""
 
@@ -76,15 +100,41 @@ class GatewaySettings(BaseSettings):
     redis: RedisSettings = RedisSettings()
     http: HttpSettings = HttpSettings()
     grpc: GrpcSettings = GrpcSettings()
+    metrics: MetricsSettings = MetricsSettings()
     gateway_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
     """Names this gateway's reply key; unique per process."""
     server_id: str = "triton"
     """Server metadata ``name`` (Triton ``--id``)."""
     request_timeout_s: float = Field(default=60.0, gt=0)
     """Longest a request may wait for its answer when the client sets no timeout, in seconds."""
+    control_timeout_s: float = Field(default=600.0, gt=0)
+    """Longest a load or unload request waits for the supervisor, in seconds."""
     model_cache_s: float = Field(default=0.5, ge=0)
     """How long a gateway reuses a model's config and states before reading Redis again, in s."""
     strict_readiness: bool = True
     """Triton ``--strict-readiness``: ready only when every model with a state is READY."""
-    log_verbose: int = 0
+    log_verbose: int = Field(default=0, ge=0)
     """Triton ``--log-verbose``."""
+    log_info: bool = True
+    """Triton ``--log-info`` (``SLUICE_LOG_INFO``)."""
+    log_warning: bool = True
+    """Triton ``--log-warning`` (``SLUICE_LOG_WARNING``)."""
+    log_error: bool = True
+    """Triton ``--log-error`` (``SLUICE_LOG_ERROR``)."""
+    log_format: Literal["default", "ISO8601"] = "default"
+    """Triton ``--log-format`` (``SLUICE_LOG_FORMAT``)."""
+    log_file: str = ""
+    """Triton ``--log-file`` (``SLUICE_LOG_FILE``); empty = standard error."""
+    dashboard_history_s: int = Field(default=600, gt=0)
+    """How much history the ``/dashboard`` plots keep in this gateway's memory, in seconds."""
+
+    def log_options(self) -> LogOptions:
+        """The logging flags as :class:`broker.logs.LogOptions`."""
+        return LogOptions(
+            verbose=self.log_verbose,
+            info=self.log_info,
+            warning=self.log_warning,
+            error=self.log_error,
+            format=self.log_format,
+            file=self.log_file,
+        )

@@ -58,14 +58,19 @@ class StreamConsumer:
         for stream in self.streams:
             ensure_group(self._redis, stream)
 
-    def read(self, count: int, block_ms: int) -> list[Delivery]:
-        """Take up to ``count`` new entries per stream, waiting at most ``block_ms`` (≥ 1)."""
+    def read(self, count: int, block_ms: int | None) -> list[Delivery]:
+        """Take up to ``count`` new entries per stream.
+
+        Args:
+            count: most entries per stream.
+            block_ms: wait at most this long (≥ 1 ms) for an entry; ``None`` = do not wait.
+        """
         reply = self._redis.xreadgroup(
             WORKER_GROUP,
             self.consumer,
             dict.fromkeys(self.streams, ">"),
             count=count,
-            block=max(1, block_ms),
+            block=None if block_ms is None else max(1, block_ms),
         )
         return self._decode(reply)
 

@@ -52,6 +52,14 @@ class KeySchema:
         """Hash: server-wide facts (``startup``: ``loading`` | ``done``)."""
         return f"{self.prefix}server"
 
+    def staged_config(self, model: str, generation: int) -> str:
+        """String: the config instances of one load generation start with (before publishing)."""
+        return f"{self.prefix}{{{model}}}:config:g{generation}"
+
+    def control(self) -> str:
+        """Stream of model control commands (load / unload) for the supervisor."""
+        return f"{self.prefix}control"
+
     def stats(self, model: str, version: int) -> str:
         """Hash of counters and duration sums every process adds to."""
         return f"{self.prefix}{{{model}}}:stats:{version}"

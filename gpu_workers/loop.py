@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 #: longest single blocking read, in ms, so a stop request is seen quickly.
 HEARTBEAT_MS = 200
+#: longest local sleep between two non-blocking reads inside a delay window, in ns.
+POLL_NS = 500_000
 
 #: Triton error code name -> failure reason label of nv_inference_request_failure.
 _REASONS = {"UNAVAILABLE": "REJECTED", "CANCELLED": "CANCELED", "INTERNAL": "BACKEND"}
@@ -127,11 +129,21 @@ class InstanceLoop:
         if self.housekeeping is not None:
             self.admit(self.housekeeping())
         wake = self._batcher.wake_at(now)
-        block_ms = (
-            HEARTBEAT_MS if wake is None else max(1, min(HEARTBEAT_MS, (wake - now) // 1_000_000))
-        )
         room = max(1, self._read_count - len(self._held))
-        self.admit(self._consumer.read(count=room, block_ms=block_ms))
+        if wake is None:
+            # Nothing held: block until a request arrives (Redis wakes blocked readers at
+            # once on XADD; only the timeout is coarse, so it is a heartbeat, not a delay).
+            self.admit(self._consumer.read(count=room, block_ms=HEARTBEAT_MS))
+            return
+        # Inside a delay window: Redis resolves BLOCK timeouts only on its own event-loop
+        # ticks (up to 100 ms at hz 10), so poll without blocking and sleep locally.
+        deliveries = self._consumer.read(count=room, block_ms=None)
+        if deliveries:
+            self.admit(deliveries)
+        else:
+            remaining_ns = wake - self._clock()
+            if remaining_ns > 0:
+                time.sleep(min(remaining_ns, POLL_NS) / 1e9)
 
     def drain(self) -> None:
         """Run every held request now, ignoring delay windows (graceful stop)."""

@@ -31,6 +31,7 @@ from gpu_workers.backends.registry import backend_class
 from gpu_workers.classification import read_labels
 from gpu_workers.liveness import Liveness
 from gpu_workers.loop import InstanceLoop, output_datatypes
+from gpu_workers.warmup import run_warmup
 
 logger = logging.getLogger("gpu_workers")
 
@@ -53,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=os.environ.get("SLUICE_REDIS__KEY_PREFIX", RedisSettings().key_prefix),
     )
     parser.add_argument("--log-verbose", type=int, default=0)
+    parser.add_argument("--config-key", default=None,
+                        help="Redis key of the config to start with (default: the model's "
+                             "published config)")
     parser.add_argument(
         "--stale-instance-secs",
         type=float,
@@ -86,8 +90,14 @@ def main(argv: list[str] | None = None) -> int:
 
     report("LOADING")
     try:
-        record = store.get(args.model)
-        config = json_format.Parse(record.config_json, ModelConfig())
+        if args.config_key:
+            raw = client.get(args.config_key)
+            if raw is None:
+                raise RuntimeError(f"no config at {args.config_key}")
+            config_json = raw.decode()
+        else:
+            config_json = store.get(args.model).config_json
+        config = json_format.Parse(config_json, ModelConfig())
         ctx = InstanceContext(
             model_name=args.model,
             model_version=args.version,
@@ -105,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         backend = backend_class(config.backend, args.model)()
         backend.initialize(ctx)
+        run_warmup(backend, ctx)  # model_warmup runs before the instance is READY
     except Exception as exc:
         logger.exception("instance %s of model '%s' failed to load", args.instance, args.model)
         report("UNAVAILABLE", str(exc) or type(exc).__name__)

@@ -68,6 +68,7 @@ def load_model_config(
     config_name: str | None = None,
     gpu_ids: Sequence[int] = (),
     strict: bool = False,
+    config_override: ModelConfig | None = None,
 ) -> LoadedConfig:
     """Read, complete, normalize and validate one model's config.
 
@@ -86,6 +87,8 @@ def load_model_config(
         gpu_ids: CUDA device ids of this host; empty on a CPU-only host.
         strict: Triton ``--disable-auto-complete-config``: a missing config
             file is an error and no auto-complete runs.
+        config_override: a config to use instead of ``config.pbtxt`` (Triton's load
+            API ``config`` parameter); a copy is completed, the argument is not changed.
 
     Returns:
         The completed config and its versions.
@@ -95,8 +98,13 @@ def load_model_config(
     """
     model_dir = source.path
     available = version_directories(model_dir)
-    config_path = find_config_file(model_dir, config_name=config_name)
-    config = read_model_config(model_dir, config_name=config_name)
+    if config_override is not None:
+        config_path = None
+        config = ModelConfig()
+        config.CopyFrom(config_override)
+    else:
+        config_path = find_config_file(model_dir, config_name=config_name)
+        config = read_model_config(model_dir, config_name=config_name)
     if config is None:
         if strict:
             raise ConfigError(

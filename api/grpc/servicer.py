@@ -28,6 +28,7 @@ from api.grpc.codec import (
     parse_version,
 )
 from api.grpc.guard import RPC_GROUPS, guard_servicer, translate
+from api.repository_params import load_parameters, unload_dependents
 from broker.errors import ErrorCode, SluiceError
 
 __all__ = ["InferenceServicer", "build_servicer"]
@@ -238,7 +239,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     ) -> service_pb2.RepositoryModelLoadResponse:
         """Load / reload (explicit model control mode only)."""
         _refuse_named_repository(request.repository_name)
-        await self._dp.load_model(request.model_name)
+        items = [(key, getattr(value, value.WhichOneof("parameter_choice") or "string_param"))
+                 for key, value in request.parameters.items()]
+        config_json, files = load_parameters(request.model_name, items, files_base64=False)
+        await self._dp.load_model(request.model_name, config_json, files)
         return service_pb2.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(
@@ -248,7 +252,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     ) -> service_pb2.RepositoryModelUnloadResponse:
         """Unload (explicit model control mode only)."""
         _refuse_named_repository(request.repository_name)
-        await self._dp.unload_model(request.model_name)
+        params = {key: getattr(value, value.WhichOneof("parameter_choice") or "bool_param")
+                  for key, value in request.parameters.items()}
+        await self._dp.unload_model(request.model_name,
+                                    unload_dependents(request.model_name, params))
         return service_pb2.RepositoryModelUnloadResponse()
 
     # -- shared memory, trace, logging --------------------------------------------------

@@ -8,6 +8,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from api.http.responses import dataplane, empty, json_response
+from api.repository_params import load_parameters, unload_dependents
 from broker.errors import ErrorCode, SluiceError, invalid_arg
 
 router = APIRouter(tags=["model repository"])
@@ -53,14 +54,22 @@ async def named_index(request: Request, repository_name: str) -> Response:
 @router.post("/v2/repository/models/{model_name}/load")
 async def load(request: Request, model_name: str) -> Response:
     """Load or reload a model (explicit model control mode only)."""
-    await _json_body(request)
-    await dataplane(request).load_model(model_name)
+    params = _parameters(await _json_body(request))
+    config_json, files = load_parameters(model_name, params.items(), files_base64=True)
+    await dataplane(request).load_model(model_name, config_json, files)
     return empty()
 
 
 @router.post("/v2/repository/models/{model_name}/unload")
 async def unload(request: Request, model_name: str) -> Response:
     """Unload a model (explicit model control mode only)."""
-    await _json_body(request)
-    await dataplane(request).unload_model(model_name)
+    params = _parameters(await _json_body(request))
+    await dataplane(request).unload_model(model_name, unload_dependents(model_name, params))
     return empty()
+
+
+def _parameters(body: dict[str, object]) -> dict[str, object]:
+    params = body.get("parameters", {})
+    if not isinstance(params, dict):
+        raise invalid_arg("the 'parameters' member must be a JSON object")
+    return params

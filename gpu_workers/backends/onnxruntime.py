@@ -1,8 +1,10 @@
 """ONNX Runtime backend (Triton ``platform: onnxruntime_onnx``, ``backend: onnxruntime``).
 
 ``onnxruntime`` is imported only when a model of this backend loads. The CUDA
-execution provider is used for ``KIND_GPU`` instances when the installed
-onnxruntime offers it (``onnxruntime-gpu``), else the CPU provider.
+execution provider is used for ``KIND_GPU`` instances (``onnxruntime-gpu``;
+without it a GPU instance fails to load), the CPU provider otherwise; the
+config's accelerators, thread counts and execution mode are mapped by
+:mod:`gpu_workers.backends.ort_options` (Triton onnxruntime_backend README).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
 
 from gpu_workers.backends.base import BackendInputError, InstanceContext
+from gpu_workers.backends.ort_options import apply_settings, session_settings
 from gpu_workers.backends.tensor_adapter import TensorBackendAdapter
 from repository.autocomplete import ORT_TYPE_TO_CONFIG, TensorSignature, autocomplete_from_signature
 
@@ -116,25 +119,13 @@ class OnnxRuntimeSession:
     def load(self, ctx: InstanceContext) -> None:
         import onnxruntime as ort
 
-        providers = ["CPUExecutionProvider"]
-        if ctx.kind == "GPU":
-            if "CUDAExecutionProvider" not in ort.get_available_providers():
-                raise RuntimeError(
-                    f"model '{ctx.model_name}' instance '{ctx.instance_name}' is KIND_GPU but "
-                    "this onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)"
-                )
-            providers = [
-                ("CUDAExecutionProvider", {"device_id": ctx.device_id}),
-                "CPUExecutionProvider",
-            ]
+        settings = session_settings(
+            ctx.config, ctx.kind, ctx.device_id, ort.get_available_providers()
+        )
         options = ort.SessionOptions()
-        params = ctx.config.parameters
-        if "intra_op_thread_count" in params:
-            options.intra_op_num_threads = int(params["intra_op_thread_count"].string_value)
-        if "inter_op_thread_count" in params:
-            options.inter_op_num_threads = int(params["inter_op_thread_count"].string_value)
+        apply_settings(settings, options, ort)
         self._session = ort.InferenceSession(
-            str(_model_path(ctx.model_file)), sess_options=options, providers=providers
+            str(_model_path(ctx.model_file)), sess_options=options, providers=settings.providers
         )
         check_model_io(ctx, self._session)
         logger.info(

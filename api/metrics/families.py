@@ -1,0 +1,111 @@
+"""Per-model metric families: Triton's ``nv_inference_*`` (PROTOCOL.md 7.2) and ``sluice_*``.
+
+Only READY versions have series; each starts at 0 (the four ``reason`` values of
+``nv_inference_request_failure`` included) and goes away when the version is
+unloaded. Durations are kept in ns in Redis and exposed in µs, as Triton's counters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from api.metrics.exposition import Family
+from api.metrics.snapshot import VersionSample
+from broker.stats_store import FAIL_REASONS
+
+__all__ = ["TRITON_MODEL_METRICS", "SLUICE_MODEL_METRICS", "model_families"]
+
+#: (name, type, help, stats field or None) of Triton's per-model metrics we expose.
+TRITON_MODEL_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("nv_inference_request_success", "counter",
+     "Number of successful inference requests, all batch sizes"),
+    ("nv_inference_request_failure", "counter",
+     "Number of failed inference requests, all batch sizes"),
+    ("nv_inference_count", "counter",
+     "Number of inferences performed (does not include cached requests)"),
+    ("nv_inference_exec_count", "counter",
+     "Number of model executions performed (does not include cached requests)"),
+    ("nv_inference_pending_request_count", "gauge",
+     "Instantaneous number of pending requests awaiting execution per-model."),
+    ("nv_inference_request_duration_us", "counter",
+     "Cumulative inference request duration in microseconds (includes cached requests)"),
+    ("nv_inference_queue_duration_us", "counter",
+     "Cumulative inference queuing duration in microseconds (includes cached requests)"),
+    ("nv_inference_compute_input_duration_us", "counter",
+     "Cumulative compute input duration in microseconds (does not include cached requests)"),
+    ("nv_inference_compute_infer_duration_us", "counter",
+     "Cumulative compute inference duration in microseconds (does not include cached requests)"),
+    ("nv_inference_compute_output_duration_us", "counter",
+     "Cumulative inference compute output duration in microseconds "
+     "(does not include cached requests)"),
+)
+
+#: Sluice's own per-model-version gauges (what an autoscaler scales workers on).
+SLUICE_MODEL_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("sluice_queue_depth", "gauge",
+     "Requests queued on the model version's streams that no instance has taken yet"),
+    ("sluice_queue_oldest_age_seconds", "gauge",
+     "Age of the oldest request no instance has taken yet, in seconds (0 when none)"),
+    ("sluice_queue_pending", "gauge",
+     "Requests taken by an instance and not yet answered (held or executing)"),
+    ("sluice_instances_live", "gauge",
+     "Instances of the model version that are READY with a fresh heartbeat"),
+)
+
+_DURATIONS = {
+    "nv_inference_request_duration_us": "success_ns",
+    "nv_inference_queue_duration_us": "queue_ns",
+    "nv_inference_compute_input_duration_us": "compute_input_ns",
+    "nv_inference_compute_infer_duration_us": "compute_infer_ns",
+    "nv_inference_compute_output_duration_us": "compute_output_ns",
+}
+_COUNTS = {
+    "nv_inference_request_success": "success_count",
+    "nv_inference_count": "inference_count",
+    "nv_inference_exec_count": "execution_count",
+}
+
+
+def model_families(
+    samples: Sequence[VersionSample], now_ms: int, *, counter_latencies: bool = True
+) -> list[Family]:
+    """Families of every READY version in ``samples``.
+
+    Args:
+        samples: versions as read by :func:`api.metrics.snapshot.read_versions`.
+        now_ms: the time the queue ages are measured at, ms since the epoch.
+        counter_latencies: Triton ``--metrics-config counter_latencies`` (the
+            ``*_duration_us`` counters).
+    """
+    ready = [s for s in samples if s.ready]
+    families: list[Family] = []
+    for name, kind, help_text in TRITON_MODEL_METRICS:
+        if name in _DURATIONS and not counter_latencies:
+            continue
+        family = Family(name, kind, help_text)
+        for sample in ready:
+            labels = {"model": sample.model, "version": str(sample.version)}
+            if name == "nv_inference_request_failure":
+                for reason in FAIL_REASONS:
+                    family.add({**labels, "reason": reason},
+                               sample.stats.get(f"fail_reason:{reason}"))
+            elif name == "nv_inference_pending_request_count":
+                family.add(labels, sample.queue.depth + sample.queue.pending)
+            elif name in _DURATIONS:
+                family.add(labels, sample.stats.get(_DURATIONS[name]) // 1000)
+            else:
+                family.add(labels, sample.stats.get(_COUNTS[name]))
+        families.append(family)
+    values = {
+        "sluice_queue_depth": lambda s: s.queue.depth,
+        "sluice_queue_oldest_age_seconds": lambda s: s.queue.oldest_age_s(now_ms),
+        "sluice_queue_pending": lambda s: s.queue.pending,
+        "sluice_instances_live": lambda s: s.live_instances,
+    }
+    for name, kind, help_text in SLUICE_MODEL_METRICS:
+        family = Family(name, kind, help_text)
+        for sample in ready:
+            family.add({"model": sample.model, "version": str(sample.version)},
+                       values[name](sample))
+        families.append(family)
+    return families

@@ -1,0 +1,211 @@
+"""One read of every model version's counters, queues and instances from Redis.
+
+Every process adds to the same stats hash (``broker.stats_store``), so any gateway
+reading it reports the totals of all workers. Queue facts come from the version's
+streams (one per priority level): entries are deleted once answered, so a stream
+holds only requests not yet taken (``depth``) and requests taken but not yet
+acknowledged (``pending``, the consumer group's pending count).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio
+from google.protobuf import json_format
+from tritonclient.grpc.model_config_pb2 import ModelConfig
+
+from broker.keys import WORKER_GROUP, KeySchema
+from broker.model_store import AsyncModelStore, ModelState
+from broker.scheduling import StreamLayout, scheduling_policy
+from broker.stats_store import VersionStats, decode_stats
+
+__all__ = ["QueueFacts", "VersionSample", "read_versions"]
+
+#: an instance whose heartbeat is older than this is not counted live (the workers'
+#: default ``--stale-instance-secs``), in ns.
+LIVE_HEARTBEAT_NS = 5_000_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class QueueFacts:
+    """Queue state of one model version, summed over its priority streams.
+
+    Attributes:
+        depth: entries no instance has taken yet.
+        pending: entries taken by an instance and not yet acknowledged.
+        oldest_ms: enqueue time (ms since the epoch, from the entry id) of the oldest
+            entry not yet taken; None when ``depth`` is 0.
+    """
+
+    depth: int = 0
+    pending: int = 0
+    oldest_ms: int | None = None
+
+    def oldest_age_s(self, now_ms: int) -> float:
+        """Age of the oldest queued entry, in seconds (0 when none is queued)."""
+        return 0.0 if self.oldest_ms is None else max(0, now_ms - self.oldest_ms) / 1000.0
+
+
+@dataclass(frozen=True, slots=True)
+class VersionSample:
+    """What one read found about one model version.
+
+    Attributes:
+        model: model name.
+        version: version number.
+        state: Triton state name (READY, LOADING, UNAVAILABLE, …).
+        reason: why it is in that state ("" if nothing to say).
+        stats: the statistics counters (only read for READY versions).
+        queue: stream facts (only read for READY versions).
+        instances: instance name -> state for every instance on record.
+        live_instances: READY instances whose heartbeat is fresh.
+    """
+
+    model: str
+    version: int
+    state: str
+    reason: str = ""
+    stats: VersionStats = field(default_factory=VersionStats)
+    queue: QueueFacts = field(default_factory=QueueFacts)
+    instances: dict[str, str] = field(default_factory=dict)
+    live_instances: int = 0
+
+    @property
+    def ready(self) -> bool:
+        return self.state == ModelState.READY.value
+
+
+def _streams(keys: KeySchema, model: str, version: int, config_json: str) -> list[str]:
+    try:
+        config = json_format.Parse(config_json, ModelConfig(), ignore_unknown_fields=True)
+        policy = scheduling_policy(config)
+    except Exception:
+        return [keys.queue(model, version)]
+    return StreamLayout(keys, model, version, policy).streams()
+
+
+def _field(entry: dict[Any, Any], name: str) -> Any:
+    value = entry.get(name, entry.get(name.encode()))
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _live(raw: dict[bytes, bytes], now_ns: int) -> tuple[dict[str, str], int]:
+    states: dict[str, str] = {}
+    live = 0
+    for name, info_raw in raw.items():
+        try:
+            info = json.loads(info_raw)
+        except ValueError:
+            continue
+        states[name.decode()] = str(info.get("state", "UNKNOWN"))
+        beat = int(info.get("heartbeat_ns", 0) or 0)
+        if info.get("state") == "READY" and beat and now_ns - beat <= LIVE_HEARTBEAT_NS:
+            live += 1
+    return states, live
+
+
+async def read_versions(
+    client: redis.asyncio.Redis, keys: KeySchema, *, ready_only: bool = True
+) -> list[VersionSample]:
+    """Every model version on record, sorted by (model, version), in three round trips.
+
+    Args:
+        client: a Redis client (RESP2, bytes replies).
+        keys: the deployment's key schema.
+        ready_only: leave out versions that are not READY (Triton's per-model series
+            exist only while a version is loaded).
+    """
+    store = AsyncModelStore(client, keys)
+    names = await store.model_names()
+    async with client.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.get(keys.config(name))
+            pipe.hgetall(keys.state(name))
+        raw = await pipe.execute() if names else []
+    found: list[tuple[str, int, str, str, list[str]]] = []
+    for i, name in enumerate(names):
+        config_raw, states_raw = raw[2 * i], raw[2 * i + 1]
+        for version_raw, state_raw in states_raw.items():
+            state = json.loads(state_raw)
+            version = int(version_raw)
+            if ready_only and state.get("state") != ModelState.READY.value:
+                continue
+            streams = _streams(keys, name, version, (config_raw or b"{}").decode())
+            found.append((name, version, state.get("state", ""), state.get("reason", ""), streams))
+    found.sort(key=lambda f: (f[0], f[1]))
+
+    ready = [f for f in found if f[2] == ModelState.READY.value]
+    async with client.pipeline(transaction=False) as pipe:
+        for name, version, _, _, streams in ready:
+            pipe.hgetall(keys.stats(name, version))
+            pipe.hgetall(keys.instances(name, version))
+            for stream in streams:
+                pipe.xinfo_groups(stream)
+                pipe.xlen(stream)
+        replies = await pipe.execute(raise_on_error=False) if ready else []
+
+    now_ns = time.time_ns()
+    facts: dict[tuple[str, int], tuple[VersionStats, dict[str, str], int]] = {}
+    tails: list[tuple[tuple[str, int], str, str]] = []  # (version, stream, last delivered id)
+    counts: dict[tuple[str, int], list[int]] = {}
+    position = 0
+    for name, version, _, _, streams in ready:
+        stats_raw, instances_raw = replies[position], replies[position + 1]
+        position += 2
+        stats = decode_stats(stats_raw) if isinstance(stats_raw, dict) else VersionStats()
+        states, live = _live(instances_raw if isinstance(instances_raw, dict) else {}, now_ns)
+        facts[(name, version)] = (stats, states, live)
+        depth = pending = 0
+        for stream in streams:
+            groups, length = replies[position], replies[position + 1]
+            position += 2
+            length = length if isinstance(length, int) else 0
+            group = next(
+                (g for g in groups if _field(g, "name") == WORKER_GROUP), None
+            ) if isinstance(groups, list) else None
+            taken = int(_field(group, "pending") or 0) if group else 0
+            waiting = max(0, length - taken)
+            depth += waiting
+            pending += taken
+            if waiting:
+                last = _field(group, "last-delivered-id") if group else None
+                tails.append(((name, version), stream, str(last or "0-0")))
+        counts[(name, version)] = [depth, pending]
+
+    oldest: dict[tuple[str, int], int] = {}
+    if tails:
+        async with client.pipeline(transaction=False) as pipe:
+            for _, stream, last in tails:
+                pipe.xrange(stream, min=f"({last}", max="+", count=1)
+            entries = await pipe.execute(raise_on_error=False)
+        for (version_key, _, _), entry in zip(tails, entries, strict=True):
+            if isinstance(entry, list) and entry:
+                entry_id = entry[0][0]
+                ms = int((entry_id.decode() if isinstance(entry_id, bytes) else entry_id)
+                         .split("-")[0])
+                oldest[version_key] = min(ms, oldest.get(version_key, ms))
+
+    samples: list[VersionSample] = []
+    for name, version, state, reason, _ in found:
+        if (name, version) not in facts:
+            samples.append(VersionSample(name, version, state, reason))
+            continue
+        stats, states, live = facts[(name, version)]
+        depth, pending = counts[(name, version)]
+        samples.append(
+            VersionSample(
+                name,
+                version,
+                state,
+                reason,
+                stats,
+                QueueFacts(depth, pending, oldest.get((name, version))),
+                states,
+                live,
+            )
+        )
+    return samples

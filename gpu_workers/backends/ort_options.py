@@ -1,0 +1,277 @@
+"""ONNX Runtime session settings from a model config (Triton onnxruntime_backend options).
+
+A pure mapping, tested without a session: :func:`session_settings` reads the
+config and the providers this onnxruntime offers and returns
+:class:`OrtSettings`; :func:`apply_settings` writes them onto an
+``onnxruntime.SessionOptions``. Sources (triton-inference-server/onnxruntime_backend
+README, "Model Config Options" and "ONNX Runtime with TensorRT optimization"):
+
+* ``parameters`` ``intra_op_thread_count`` / ``inter_op_thread_count`` (int,
+  0 = ORT's default), ``execution_mode`` (``0`` sequential, ``1`` parallel;
+  Sluice also takes the words), ``enable_mem_arena``, ``enable_mem_pattern``
+  (``0``/``1``), and ``memory.enable_memory_arena_shrinkage`` /
+  ``session.use_device_allocator_for_initializers`` passed on as ORT config entries.
+* ``optimization { graph { level } }``: ``-1`` basic, ``1`` basic + extended,
+  ``2`` everything off, unset = everything on.
+* ``optimization { execution_accelerators { gpu_execution_accelerator [ { name:
+  "tensorrt" ... } ] } }``: the TensorRT execution provider ahead of CUDA for
+  GPU instances, its ``parameters`` mapped to ``trt_*`` provider options;
+  ``name: "cuda"`` passes its parameters to the CUDA provider. An accelerator
+  this onnxruntime cannot offer is skipped with a warning (Triton would fail the
+  load; serving on CUDA/CPU is the friendlier choice for a Python server whose
+  onnxruntime build is chosen by pip). ``cpu_execution_accelerator`` ``openvino``
+  is likewise skipped with a warning.
+* Sluice's own: ORT's intra-op thread pool does not spin-wait by default
+  (``session.intra_op.allow_spinning`` = ``"0"``), because spinning threads burn
+  the cores that the worker's Redis polling and the gateway need; the config
+  parameter ``session.intra_op.allow_spinning`` = ``"1"`` turns it back on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tritonclient.grpc.model_config_pb2 import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["OrtSettings", "apply_settings", "session_settings"]
+
+#: Session config entries a model config may set directly (Triton onnxruntime_backend).
+_PASSTHROUGH_ENTRIES = (
+    "memory.enable_memory_arena_shrinkage",
+    "session.use_device_allocator_for_initializers",
+)
+_SPINNING = "session.intra_op.allow_spinning"
+
+#: Triton's TensorRT accelerator parameter -> TensorRT EP option (value kept as text).
+_TRT_RENAMES = {
+    "max_workspace_size_bytes": "trt_max_workspace_size",
+    "int8_calibration_table_name": "trt_int8_calibration_table_name",
+    "int8_use_native_calibration_table": "trt_int8_use_native_calibration_table",
+}
+
+#: ``optimization.graph.level`` -> GraphOptimizationLevel member name.
+_GRAPH_LEVELS = {-1: "ORT_ENABLE_BASIC", 1: "ORT_ENABLE_EXTENDED", 2: "ORT_DISABLE_ALL"}
+
+_EXECUTION_MODES = {
+    "0": "ORT_SEQUENTIAL",
+    "sequential": "ORT_SEQUENTIAL",
+    "1": "ORT_PARALLEL",
+    "parallel": "ORT_PARALLEL",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class OrtSettings:
+    """What a session of one model instance is created with.
+
+    Attributes:
+        providers: ``InferenceSession(providers=...)``: names or ``(name, options)``.
+        intra_op_threads: ``SessionOptions.intra_op_num_threads`` (None = ORT default).
+        inter_op_threads: ``SessionOptions.inter_op_num_threads`` (None = ORT default).
+        execution_mode: ``ExecutionMode`` member name, None = ORT default (sequential).
+        graph_level: ``GraphOptimizationLevel`` member name, None = ORT default (all).
+        enable_mem_arena: ``enable_cpu_mem_arena`` (None = ORT default).
+        enable_mem_pattern: ``enable_mem_pattern`` (None = ORT default).
+        config_entries: ``add_session_config_entry`` key -> value.
+        warnings: what was asked for but is ignored here, one sentence each.
+    """
+
+    providers: list[str | tuple[str, dict[str, str]]]
+    intra_op_threads: int | None = None
+    inter_op_threads: int | None = None
+    execution_mode: str | None = None
+    graph_level: str | None = None
+    enable_mem_arena: bool | None = None
+    enable_mem_pattern: bool | None = None
+    config_entries: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _param(config: ModelConfig, key: str) -> str | None:
+    if key not in config.parameters:
+        return None
+    return config.parameters[key].string_value.strip()
+
+
+def _int_param(config: ModelConfig, key: str) -> int | None:
+    text = _param(config, key)
+    if text is None or text == "":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(
+            f"model '{config.name}': parameter '{key}' must be an integer, got '{text}'"
+        ) from None
+    if value < 0:
+        raise ValueError(f"model '{config.name}': parameter '{key}' must be >= 0, got {value}")
+    return value
+
+
+def _bool_param(config: ModelConfig, key: str) -> bool | None:
+    text = _param(config, key)
+    if text is None or text == "":
+        return None
+    lowered = text.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"model '{config.name}': parameter '{key}' must be 0/1 or true/false, "
+                     f"got '{text}'")
+
+
+def _trt_options(params: Any, device_id: int) -> dict[str, str]:
+    """Triton's TensorRT accelerator parameters -> TensorRT EP provider options."""
+    options = {"device_id": str(device_id)}
+    for key, value in params.items():
+        if key == "precision_mode":
+            mode = value.upper()
+            if mode == "FP16":
+                options["trt_fp16_enable"] = "True"
+            elif mode == "INT8":
+                options["trt_int8_enable"] = "True"
+        elif key in _TRT_RENAMES:
+            options[_TRT_RENAMES[key]] = value
+        elif key.startswith("trt_"):
+            options[key] = value
+        else:
+            logger.warning("TensorRT accelerator parameter '%s' is not known; ignored", key)
+    return options
+
+
+def _providers(
+    config: ModelConfig, kind: str, device_id: int, available: Sequence[str], warnings: list[str]
+) -> list[str | tuple[str, dict[str, str]]]:
+    accelerators = config.optimization.execution_accelerators
+    model = config.name
+    for accelerator in accelerators.cpu_execution_accelerator:
+        warnings.append(
+            f"model '{model}': cpu_execution_accelerator '{accelerator.name}' is not available "
+            "in Sluice's onnxruntime backend; running on the default CPU execution provider"
+        )
+    providers: list[str | tuple[str, dict[str, str]]] = []
+    if kind == "GPU":
+        cuda_options: dict[str, str] = {"device_id": str(device_id)}
+        for accelerator in accelerators.gpu_execution_accelerator:
+            name = accelerator.name
+            if name == "tensorrt":
+                if "TensorrtExecutionProvider" in available:
+                    providers.append(
+                        ("TensorrtExecutionProvider",
+                         _trt_options(accelerator.parameters, device_id))
+                    )
+                else:
+                    warnings.append(
+                        f"model '{model}': gpu_execution_accelerator 'tensorrt' asked for but "
+                        "this onnxruntime has no TensorrtExecutionProvider; running on CUDA"
+                    )
+            elif name == "cuda":
+                cuda_options.update(dict(accelerator.parameters))
+            else:
+                warnings.append(
+                    f"model '{model}': gpu_execution_accelerator '{name}' is not supported; "
+                    "ignored"
+                )
+        if "CUDAExecutionProvider" not in available:
+            raise RuntimeError(
+                f"model '{model}' is KIND_GPU but this onnxruntime has no "
+                "CUDAExecutionProvider (install onnxruntime-gpu)"
+            )
+        providers.append(("CUDAExecutionProvider", cuda_options))
+    elif accelerators.gpu_execution_accelerator:
+        logger.info(
+            "model '%s': gpu_execution_accelerator ignored for a KIND_%s instance", model, kind
+        )
+    providers.append("CPUExecutionProvider")
+    return providers
+
+
+def session_settings(
+    config: ModelConfig, kind: str, device_id: int, available: Sequence[str]
+) -> OrtSettings:
+    """The session settings of one instance of ``config``.
+
+    Args:
+        config: the effective model config.
+        kind: instance kind without ``KIND_`` (``CPU``, ``GPU``, ``MODEL``).
+        device_id: the GPU ordinal of a ``GPU`` instance.
+        available: ``onnxruntime.get_available_providers()``.
+
+    Returns:
+        The settings; ``warnings`` lists each option that is ignored here.
+
+    Raises:
+        ValueError: a parameter that is not a valid number/flag/mode, naming it.
+        RuntimeError: a KIND_GPU instance on an onnxruntime without CUDA.
+    """
+    warnings: list[str] = []
+    providers = _providers(config, kind, device_id, available, warnings)
+    mode_text = _param(config, "execution_mode")
+    execution_mode = None
+    if mode_text:
+        execution_mode = _EXECUTION_MODES.get(mode_text.lower())
+        if execution_mode is None:
+            raise ValueError(
+                f"model '{config.name}': parameter 'execution_mode' must be 0 (sequential) or "
+                f"1 (parallel), got '{mode_text}'"
+            )
+    graph_level = None
+    if config.optimization.HasField("graph"):
+        level = config.optimization.graph.level
+        graph_level = _GRAPH_LEVELS.get(level)
+        if graph_level is None and level != 0:
+            raise ValueError(
+                f"model '{config.name}': optimization.graph.level must be -1, 1 or 2, got {level}"
+            )
+    entries = {_SPINNING: "0"}
+    if _bool_param(config, _SPINNING):
+        entries[_SPINNING] = "1"
+    for key in _PASSTHROUGH_ENTRIES:
+        value = _param(config, key)
+        if value:
+            entries[key] = value
+    return OrtSettings(
+        providers=providers,
+        intra_op_threads=_int_param(config, "intra_op_thread_count"),
+        inter_op_threads=_int_param(config, "inter_op_thread_count"),
+        execution_mode=execution_mode,
+        graph_level=graph_level,
+        enable_mem_arena=_bool_param(config, "enable_mem_arena"),
+        enable_mem_pattern=_bool_param(config, "enable_mem_pattern"),
+        config_entries=entries,
+        warnings=warnings,
+    )
+
+
+def apply_settings(settings: OrtSettings, options: Any, ort: Any) -> None:
+    """Write ``settings`` onto ``options`` (an ``ort.SessionOptions``) and log its warnings.
+
+    Args:
+        settings: from :func:`session_settings`.
+        options: the ``onnxruntime.SessionOptions`` to fill.
+        ort: the ``onnxruntime`` module (for its enums).
+    """
+    for warning in settings.warnings:
+        logger.warning("%s", warning)
+    if settings.intra_op_threads is not None:
+        options.intra_op_num_threads = settings.intra_op_threads
+    if settings.inter_op_threads is not None:
+        options.inter_op_num_threads = settings.inter_op_threads
+    if settings.execution_mode is not None:
+        options.execution_mode = getattr(ort.ExecutionMode, settings.execution_mode)
+    if settings.graph_level is not None:
+        options.graph_optimization_level = getattr(
+            ort.GraphOptimizationLevel, settings.graph_level
+        )
+    if settings.enable_mem_arena is not None:
+        options.enable_cpu_mem_arena = settings.enable_mem_arena
+    if settings.enable_mem_pattern is not None:
+        options.enable_mem_pattern = settings.enable_mem_pattern
+    for key, value in settings.config_entries.items():
+        options.add_session_config_entry(key, value)

@@ -1,0 +1,519 @@
+"""Model lifecycle: load, reload without downtime, unload, repository polling.
+
+Triton's model control protocol (PROTOCOL.md 1.8, 5.13), with the state in
+Redis so that every gateway answers alike:
+
+* **load** reads the model's directory (or the files and config a load request
+  carries), completes its config, and starts the instances of every version the
+  version policy selects. A version turns READY once all its instances are.
+* **reload** (a load of a model whose files or config changed) starts the new
+  instances beside the old ones; only when all are ready is the new config
+  published and the old instances stopped. Old instances finish what they hold;
+  requests queued in Redis are taken by the new ones — none is dropped. A failed
+  reload stops the new instances and leaves the old model serving.
+* **unload** marks the versions UNLOADING (gateways stop admitting), waits until
+  their streams are empty, stops the instances, and answers anything left with
+  an error; the versions end UNAVAILABLE with reason ``unloaded``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+import redis
+from google.protobuf import json_format
+from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelInstanceGroup
+
+from broker.codec import CodecError, decode_request, encode_response
+from broker.consumer import ensure_group
+from broker.errors import ErrorCode, SluiceError
+from broker.keys import KeySchema
+from broker.messages import ErrorInfo, InferResponseMessage
+from broker.model_store import ModelState, ModelStore, VersionState
+from broker.producer import PAYLOAD_FIELD
+from broker.scheduling import StreamLayout, scheduling_policy
+from gpu_workers.backends.registry import auto_complete
+from gpu_workers.device import gpu_ids
+from gpu_workers.processes import Instance, Spawner, terminate
+from repository import (
+    ModelSource,
+    RepositoryError,
+    ScanResult,
+    config_from_json,
+    load_model_config,
+    scan_repositories,
+    version_directories,
+)
+
+logger = logging.getLogger(__name__)
+
+_KIND_NAMES = {
+    ModelInstanceGroup.KIND_CPU: "CPU",
+    ModelInstanceGroup.KIND_GPU: "GPU",
+    ModelInstanceGroup.KIND_MODEL: "MODEL",
+}
+
+#: how long after marking a version UNLOADING before draining it, in s: longer than a
+#: gateway reuses a cached model view (``GatewaySettings.model_cache_s``, 0.5 s).
+ADMISSION_SETTLE_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerOptions:
+    """Repository and load settings (Triton's flag names in comments)."""
+
+    repositories: tuple[Path, ...]  # --model-repository
+    strict_model_config: bool = False  # --disable-auto-complete-config
+    model_config_name: str | None = None  # --model-config-name
+    load_timeout_s: float = 300.0
+    drain_timeout_s: float = 30.0  # --exit-timeout-secs
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    """A model whose instances run."""
+
+    name: str
+    source: ModelSource
+    fingerprint: str
+    config: ModelConfig
+    generation: int
+    versions: dict[int, list[Instance]] = field(default_factory=dict)
+    overridden: bool = False
+    temp_dir: Path | None = None
+
+
+def directory_fingerprint(model_dir: Path) -> str:
+    """Hash of every file's relative path, size and mtime under ``model_dir``.
+
+    A change to ``config.pbtxt``, a label file or a version folder changes it
+    (Triton poll mode reloads on such changes).
+    """
+    digest = hashlib.sha1()
+    for path in sorted(model_dir.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            stat = path.stat()
+            digest.update(
+                f"{path.relative_to(model_dir)}|{stat.st_size}|{stat.st_mtime_ns}\n".encode()
+            )
+    return digest.hexdigest()
+
+
+class LoadError(SluiceError):
+    """A load or unload that failed; ``code`` and message are what the client sees."""
+
+
+class ModelManager:
+    """Starts, replaces and stops the instances of models.
+
+    Args:
+        options: repository and load settings.
+        client: the supervisor's Redis client.
+        keys: the key schema.
+        spawner: starts worker processes.
+    """
+
+    def __init__(
+        self, options: ManagerOptions, client: redis.Redis, keys: KeySchema, spawner: Spawner
+    ) -> None:
+        self.options = options
+        self._redis = client
+        self._keys = keys
+        self._store = ModelStore(client, keys)
+        self._spawner = spawner
+        self.loaded: dict[str, LoadedModel] = {}
+        self._failed: dict[str, str] = {}  # name -> fingerprint of the files that failed
+        self.stopping = False
+
+    # -- repository -------------------------------------------------------------------------
+
+    def scan(self) -> ScanResult:
+        """Scan the repositories and publish the index (every model directory found)."""
+        result = scan_repositories(self.options.repositories)
+        found = {name: {"repository": str(src.repository)} for name, src in result.models.items()}
+        for name, paths in result.duplicates.items():
+            found[name] = {"repository": ",".join(str(p) for p in paths)}
+        for name, model in self.loaded.items():
+            if model.overridden and name not in found:
+                found[name] = {"repository": str(model.source.repository)}
+        self._store.register_models(found)
+        for name, paths in result.duplicates.items():
+            reason = f"model '{name}' appears in more than one model repository: " + ", ".join(
+                str(p) for p in paths
+            )
+            self._store.set_state(name, 1, VersionState(ModelState.UNAVAILABLE, reason))
+        return result
+
+    def instances(self) -> Iterator[Instance]:
+        """Every instance of every loaded model."""
+        for model in self.loaded.values():
+            for instances in model.versions.values():
+                yield from instances
+
+    # -- load -------------------------------------------------------------------------------
+
+    def load_many(self, names: Sequence[str]) -> list[str]:
+        """Load several models, starting all their instances before waiting for any.
+
+        Returns:
+            One ``load failed for model 'm': reason`` line per model that failed.
+        """
+        scan = self.scan()
+        failures: list[str] = []
+        started: list[tuple[LoadedModel, list[int]]] = []
+        for name in names:
+            try:
+                model = self._prepare(name, scan, "", {})
+                if model is not None:
+                    started.append((model, sorted(model.versions)))
+            except LoadError as exc:
+                failures.append(exc.message)
+        for model, _versions in started:
+            try:
+                self._finish_load(model, previous=None)
+            except LoadError as exc:
+                failures.append(exc.message)
+        return failures
+
+    def load(self, name: str, config_json: str = "", files: dict[str, bytes] | None = None) -> None:
+        """Load or reload ``name`` (Triton ``POST /v2/repository/models/{m}/load``).
+
+        Args:
+            name: model name.
+            config_json: a ``ModelConfig`` JSON to use instead of ``config.pbtxt``.
+            files: ``<version>/<path>`` -> content: a complete model directory.
+
+        Raises:
+            LoadError: INTERNAL "failed to load 'm', failed to poll from model repository"
+                for an unknown model; INVALID_ARG "load failed for model 'm': ..." otherwise.
+        """
+        scan = self.scan()
+        previous = self.loaded.get(name)
+        model = self._prepare(name, scan, config_json, files or {})
+        if model is None:
+            return
+        self._finish_load(model, previous)
+
+    def _source(
+        self, name: str, scan: ScanResult, files: dict[str, bytes], config_json: str
+    ) -> tuple[ModelSource, Path | None]:
+        if files:
+            if not config_json:
+                raise LoadError(
+                    ErrorCode.INVALID_ARG,
+                    f"load failed for model '{name}': file parameters need the 'config' parameter",
+                    model=name,
+                )
+            temp = Path(tempfile.mkdtemp(prefix=f"sluice-{name}-"))
+            model_dir = temp / name
+            for relative, content in files.items():
+                path = PurePosixPath(relative)
+                if path.is_absolute() or ".." in path.parts or len(path.parts) < 2:
+                    shutil.rmtree(temp, ignore_errors=True)
+                    raise LoadError(
+                        ErrorCode.INVALID_ARG,
+                        f"load failed for model '{name}': invalid file path "
+                        f"'{relative}' (expected <version>/<path>)",
+                        model=name,
+                    )
+                target = model_dir.joinpath(*path.parts)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(content)
+            return ModelSource(name, model_dir, temp), temp
+        if name in scan.duplicates:
+            raise LoadError(
+                ErrorCode.INVALID_ARG,
+                f"load failed for model '{name}': it appears in more than one model repository",
+                model=name,
+            )
+        source = scan.models.get(name)
+        if source is None:
+            raise LoadError(
+                ErrorCode.INTERNAL,
+                f"failed to load '{name}', failed to poll from model repository",
+                model=name,
+            )
+        return source, None
+
+    def _prepare(
+        self, name: str, scan: ScanResult, config_json: str, files: dict[str, bytes]
+    ) -> LoadedModel | None:
+        """Complete the config and start the new instances; None when nothing changed."""
+        previous = self.loaded.get(name)
+        source, temp = self._source(name, scan, files, config_json)
+        fingerprint = (
+            directory_fingerprint(source.path) + hashlib.sha1(config_json.encode()).hexdigest()
+        )
+        if previous is not None and previous.fingerprint == fingerprint and not config_json:
+            return None  # Triton: a load of an unchanged model is a no-op
+        try:
+            override = config_from_json(config_json) if config_json else None
+            loaded = load_model_config(
+                source,
+                autocomplete=None if self.options.strict_model_config else auto_complete,
+                config_name=self.options.model_config_name,
+                gpu_ids=gpu_ids(),
+                strict=self.options.strict_model_config,
+                config_override=override,
+            )
+        except (RepositoryError, SluiceError, ValueError) as exc:
+            reason = str(exc) or type(exc).__name__
+            self._record_failure(name, source, previous, reason, fingerprint)
+            if temp is not None:
+                shutil.rmtree(temp, ignore_errors=True)
+            raise LoadError(
+                ErrorCode.INVALID_ARG, f"load failed for model '{name}': {reason}", model=name
+            ) from exc
+        generation = previous.generation + 1 if previous is not None else 1
+        model = LoadedModel(
+            name,
+            source,
+            fingerprint,
+            loaded.config,
+            generation,
+            overridden=bool(config_json),
+            temp_dir=temp,
+        )
+        config_key = self._keys.staged_config(name, generation)
+        self._redis.set(config_key, json_format.MessageToJson(loaded.config))
+        if previous is None:
+            self._store.publish_config(name, json_format.MessageToJson(loaded.config))
+        for version in loaded.versions:
+            if previous is None or version not in previous.versions:
+                self._store.set_state(name, version, VersionState(ModelState.LOADING))
+            layout = StreamLayout(self._keys, name, version, scheduling_policy(loaded.config))
+            for stream in layout.streams():
+                ensure_group(self._redis, stream)
+            model.versions[version] = self._start_version(model, version, config_key)
+        return model
+
+    def _start_version(self, model: LoadedModel, version: int, config_key: str) -> list[Instance]:
+        suffix = f"_g{model.generation}" if model.generation > 1 else ""
+        instances: list[Instance] = []
+        for group in model.config.instance_group:
+            kind = _KIND_NAMES.get(group.kind, "CPU")
+            devices = list(group.gpus) if kind == "GPU" else [0]
+            for device in devices:
+                for index in range(group.count):
+                    gpu = f"_gpu{device}" if kind == "GPU" else ""
+                    instance = Instance(
+                        model.name,
+                        version,
+                        f"{group.name}_{index}{gpu}{suffix}",
+                        kind,
+                        device,
+                        model.source.path,
+                        config_key,
+                        model.generation,
+                    )
+                    self._spawner.start_instance(instance)
+                    instances.append(instance)
+        return instances
+
+    def _finish_load(self, model: LoadedModel, previous: LoadedModel | None) -> None:
+        """Wait for the new instances; publish and retire the old ones, or roll back."""
+        reasons = {v: self._await_ready(instances) for v, instances in model.versions.items()}
+        failed = {v: r for v, r in reasons.items() if r is not None}
+        if failed:
+            for instances in model.versions.values():
+                terminate([i.process for i in instances if i.process], 10)
+            reason = next(iter(failed.values())) or "load failed"
+            for version in model.versions:
+                if previous is None or version not in previous.versions:
+                    self._store.set_state(
+                        model.name,
+                        version,
+                        VersionState(ModelState.UNAVAILABLE, failed.get(version) or reason),
+                    )
+            self._failed[model.name] = model.fingerprint
+            if model.temp_dir is not None:
+                shutil.rmtree(model.temp_dir, ignore_errors=True)
+            raise LoadError(
+                ErrorCode.INVALID_ARG,
+                f"load failed for model '{model.name}': {reason}",
+                model=model.name,
+            )
+        self._store.publish_config(model.name, json_format.MessageToJson(model.config))
+        for version in model.versions:
+            self._store.set_state(model.name, version, VersionState(ModelState.READY))
+            logger.info(
+                "model '%s' version %d is READY (%d instances)",
+                model.name,
+                version,
+                len(model.versions[version]),
+            )
+        self.loaded[model.name] = model
+        self._failed.pop(model.name, None)
+        if previous is not None:
+            gone = [v for v in previous.versions if v not in model.versions]
+            self._retire(previous, gone, drain=True)
+            kept = {v: i for v, i in previous.versions.items() if v in model.versions}
+            for instances in kept.values():
+                terminate([i.process for i in instances if i.process], self.options.drain_timeout_s)
+            if previous.temp_dir is not None and previous.temp_dir != model.temp_dir:
+                shutil.rmtree(previous.temp_dir, ignore_errors=True)
+
+    def _await_ready(self, instances: list[Instance]) -> str | None:
+        """Wait until every instance reports READY; the failure reason otherwise."""
+        if not instances:
+            return None
+        model, version = instances[0].model, instances[0].version
+        deadline = time.monotonic() + self.options.load_timeout_s
+        while time.monotonic() < deadline and not self.stopping:
+            states = self._store.instances(model, version)
+            for instance in instances:
+                info = states.get(instance.name, {})
+                if info.get("state") == "UNAVAILABLE":
+                    return info.get("reason") or "instance failed to load"
+                process = instance.process
+                if (
+                    process is not None
+                    and process.poll() is not None
+                    and info.get("state") != "READY"
+                ):
+                    return (
+                        f"instance '{instance.name}' exited with code "
+                        f"{process.returncode} while loading"
+                    )
+            if all(states.get(i.name, {}).get("state") == "READY" for i in instances):
+                return None
+            time.sleep(0.05)
+        if self.stopping:
+            return "server exiting"
+        return (
+            f"model '{model}' version {version} did not load within "
+            f"{self.options.load_timeout_s:.0f}s"
+        )
+
+    def _record_failure(
+        self,
+        name: str,
+        source: ModelSource,
+        previous: LoadedModel | None,
+        reason: str,
+        fingerprint: str,
+    ) -> None:
+        logger.error("failed to load model '%s': %s", name, reason)
+        self._failed[name] = fingerprint
+        if previous is not None:
+            return  # a failed reload leaves the old model serving
+        for version in version_directories(source.path) or [1]:
+            self._store.set_state(name, version, VersionState(ModelState.UNAVAILABLE, reason))
+
+    # -- unload -----------------------------------------------------------------------------
+
+    def unload(self, name: str) -> None:
+        """Unload every version of ``name`` (Triton ``.../unload``); no-op if not loaded."""
+        model = self.loaded.pop(name, None)
+        if model is None:
+            return
+        self._retire(model, list(model.versions), drain=True)
+        if model.temp_dir is not None:
+            shutil.rmtree(model.temp_dir, ignore_errors=True)
+
+    def _retire(self, model: LoadedModel, versions: Sequence[int], drain: bool) -> None:
+        """UNLOADING → drain the streams → stop instances → answer leftovers → UNAVAILABLE."""
+        if not versions:
+            return
+        for version in versions:
+            self._store.set_state(
+                model.name, version, VersionState(ModelState.UNLOADING, "unloading")
+            )
+        layouts = [
+            StreamLayout(self._keys, model.name, v, scheduling_policy(model.config))
+            for v in versions
+        ]
+        if drain:
+            time.sleep(ADMISSION_SETTLE_S)
+            deadline = time.monotonic() + self.options.drain_timeout_s
+            while time.monotonic() < deadline and any(
+                self._redis.xlen(s) for layout in layouts for s in layout.streams()
+            ):
+                time.sleep(0.05)
+        procs = [i.process for v in versions for i in model.versions.get(v, []) if i.process]
+        terminate(procs, self.options.drain_timeout_s)
+        for layout in layouts:
+            for stream in layout.streams():
+                self._fail_leftovers(stream, model.name)
+        for version in versions:
+            self._store.set_state(
+                model.name, version, VersionState(ModelState.UNAVAILABLE, "unloaded")
+            )
+            model.versions.pop(version, None)
+
+    def _fail_leftovers(self, stream: str, model: str) -> None:
+        """Answer every request still in ``stream`` with UNAVAILABLE and delete it."""
+        entries = self._redis.xrange(stream, count=10_000)
+        if not entries:
+            return
+        pipe = self._redis.pipeline(transaction=False)
+        for entry_id, fields in entries:
+            try:
+                message = decode_request(fields[PAYLOAD_FIELD])
+            except (CodecError, KeyError):
+                pipe.xdel(stream, entry_id)
+                continue
+            reply = InferResponseMessage(
+                message.request_id,
+                model,
+                message.version,
+                error=ErrorInfo(
+                    "UNAVAILABLE",
+                    f"Request for unknown model: '{model}' version {message.version} "
+                    "is not at ready state (unloaded)",
+                ),
+            )
+            pipe.rpush(message.reply_to, encode_response(reply))
+            pipe.xdel(stream, entry_id)
+        pipe.execute()
+        logger.warning("answered %d requests left on %s after unload", len(entries), stream)
+
+    # -- poll mode --------------------------------------------------------------------------
+
+    def poll(self) -> None:
+        """Triton poll mode: load new or changed models, unload removed ones."""
+        scan = self.scan()
+        for name, source in scan.models.items():
+            fingerprint = directory_fingerprint(source.path) + hashlib.sha1(b"").hexdigest()
+            current = self.loaded.get(name)
+            if current is not None and (current.overridden or current.fingerprint == fingerprint):
+                continue
+            if current is None and self._failed.get(name) == fingerprint:
+                continue  # still the files that failed
+            if current is not None and self._failed.get(name) == fingerprint:
+                continue  # a reload of these files already failed; keep the old one
+            try:
+                self.load(name)
+            except LoadError as exc:
+                logger.error("%s", exc.message)
+        for name in [
+            n for n, m in self.loaded.items() if n not in scan.models and not m.overridden
+        ]:
+            logger.info("model '%s' left the repository; unloading", name)
+            self.unload(name)
+
+    # -- shutdown ---------------------------------------------------------------------------
+
+    def shutdown(self, timeout_s: float) -> None:
+        """Mark every version UNLOADING, stop every instance, end UNAVAILABLE ``unloaded``."""
+        self.stopping = True
+        for model in self.loaded.values():
+            for version in model.versions:
+                self._store.set_state(
+                    model.name, version, VersionState(ModelState.UNLOADING, "server exiting")
+                )
+        terminate([i.process for i in self.instances() if i.process], timeout_s)
+        for model in self.loaded.values():
+            for version in model.versions:
+                self._store.set_state(
+                    model.name, version, VersionState(ModelState.UNAVAILABLE, "unloaded")
+                )
+            if model.temp_dir is not None:
+                shutil.rmtree(model.temp_dir, ignore_errors=True)

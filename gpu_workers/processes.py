@@ -1,0 +1,118 @@
+"""Child processes of the supervisor: spawning with the right environment, stopping in bounds."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """``PR_SET_PDEATHSIG``: the child gets SIGTERM when the supervisor dies."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+@dataclass(slots=True)
+class Instance:
+    """One worker process serving one model version (one model instance).
+
+    Attributes:
+        model: model name.
+        version: model version.
+        name: instance (consumer) name, unique per version.
+        kind: ``CPU``, ``GPU`` or ``MODEL``.
+        device_id: GPU ordinal for ``GPU`` instances.
+        model_dir: the model's directory.
+        config_key: Redis key of the config this instance starts with.
+        generation: load generation of the model that started it.
+    """
+
+    model: str
+    version: int
+    name: str
+    kind: str
+    device_id: int
+    model_dir: Path
+    config_key: str
+    generation: int = 1
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    started_at: float = 0.0
+
+
+class Spawner:
+    """Starts Sluice processes with the deployment's Redis settings in their environment.
+
+    Args:
+        redis_url: Redis URL every child uses.
+        key_prefix: key prefix every child uses.
+        log_verbose: Triton ``--log-verbose`` passed to children.
+        extra_env: more environment variables for every child.
+    """
+
+    def __init__(
+        self,
+        redis_url: str,
+        key_prefix: str,
+        log_verbose: int = 0,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self._env = dict(os.environ)
+        self._env.update(extra_env or {})
+        self._env["SLUICE_REDIS__URL"] = redis_url
+        self._env["SLUICE_REDIS__KEY_PREFIX"] = key_prefix
+        self.log_verbose = log_verbose
+
+    def spawn(self, argv: Sequence[str]) -> subprocess.Popen[bytes]:
+        """``python <argv>`` as a child that dies with the supervisor."""
+        return subprocess.Popen([sys.executable, *argv], env=self._env, preexec_fn=die_with_parent)
+
+    def start_instance(self, instance: Instance) -> None:
+        """Start (or restart) the worker process of ``instance``."""
+        instance.process = self.spawn(
+            [
+                "-m",
+                "gpu_workers.main",
+                "--model",
+                instance.model,
+                "--version",
+                str(instance.version),
+                "--instance",
+                instance.name,
+                "--kind",
+                instance.kind,
+                "--device-id",
+                str(instance.device_id),
+                "--model-dir",
+                str(instance.model_dir),
+                "--config-key",
+                instance.config_key,
+                "--log-verbose",
+                str(self.log_verbose),
+            ]
+        )
+        instance.started_at = time.monotonic()
+
+
+def terminate(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float) -> None:
+    """SIGTERM every process, wait up to ``timeout_s`` s in all, SIGKILL what is left."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)

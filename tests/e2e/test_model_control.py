@@ -1,0 +1,329 @@
+"""Model control: explicit load/unload (HTTP and gRPC), overrides, reload under load, poll mode."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+import requests
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from e2e_support import Server, build_batch_scale, start_server, stop_server
+from tritonclient.utils import InferenceServerException
+
+from broker.redis_server import free_port
+
+pytestmark = pytest.mark.e2e
+
+
+def _scale_input(value: float, batch: int = 1) -> list[httpclient.InferInput]:
+    tensor = httpclient.InferInput("INPUT0", [batch, 4], "FP32")
+    tensor.set_data_from_numpy(np.full((batch, 4), value, np.float32))
+    return [tensor]
+
+
+def _ready_instances(server: Server, model: str, version: int = 1) -> int:
+    client = redis.Redis.from_url(server.redis_url)
+    try:
+        raw = client.hgetall(f"{server.key_prefix}{{{model}}}:instances:{version}")
+    finally:
+        client.close()
+    return sum(1 for v in raw.values() if json.loads(v).get("state") == "READY")
+
+
+def _index(client: httpclient.InferenceServerClient) -> dict[tuple[str, str | None], dict]:
+    return {(e["name"], e.get("version")): e for e in client.get_model_repository_index()}
+
+
+@pytest.fixture(scope="module")
+def control_repo(model_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("control-repo")
+    for name in ("add_sub", "slow_pair", "versioned"):
+        shutil.copytree(model_repository / name, repo / name)
+    build_batch_scale(repo)
+    (repo / "broken/1").mkdir(parents=True)
+    (repo / "broken/1/model.onnx").write_bytes(b"not onnx")
+    (repo / "broken/config.pbtxt").write_text(
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 1\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+    )
+    return repo
+
+
+@pytest.fixture(scope="module")
+def explicit_server(
+    control_repo: Path, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    log = tmp_path_factory.mktemp("control-logs") / "serve.log"
+    server = start_server(
+        control_repo, redis_url, log, "--model-control-mode", "explicit", "--load-model", "add_sub"
+    )
+    yield server
+    assert stop_server(server) == 0, server.log()
+
+
+def test_explicit_start_loads_only_named_models(explicit_server: Server) -> None:
+    client = httpclient.InferenceServerClient(explicit_server.http_url)
+    index = _index(client)
+    assert index[("add_sub", "1")]["state"] == "READY"
+    assert ("batch_scale", None) in index  # never loaded: name only
+    assert index[("batch_scale", None)] == {"name": "batch_scale"}
+    assert not client.is_model_ready("batch_scale")
+    assert client.is_server_ready()
+
+
+def test_http_load_and_unload(explicit_server: Server) -> None:
+    client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
+    client.load_model("batch_scale")
+    assert client.is_model_ready("batch_scale")
+    out = client.infer("batch_scale", _scale_input(2.0)).as_numpy("OUTPUT0")
+    assert out.tolist() == [[6.0] * 4]
+    assert _ready_instances(explicit_server, "batch_scale") == 2
+    client.unload_model("batch_scale")
+    assert not client.is_model_ready("batch_scale")
+    entry = _index(client)[("batch_scale", "1")]
+    assert (entry["state"], entry["reason"]) == ("UNAVAILABLE", "unloaded")
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("batch_scale", _scale_input(1.0))
+    assert info.value.status() == "404"
+
+
+def test_grpc_load_and_unload(explicit_server: Server) -> None:
+    client = grpcclient.InferenceServerClient(explicit_server.grpc_url)
+    client.load_model("versioned")
+    assert client.is_model_ready("versioned")
+    assert client.get_model_metadata("versioned").versions == ["1", "2"]
+    client.unload_model("versioned")
+    index = _index(httpclient.InferenceServerClient(explicit_server.http_url))
+    assert index[("versioned", "1")] == {"name": "versioned", "version": "1",
+                                         "state": "UNAVAILABLE", "reason": "unloaded"}
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model("nope")
+    assert info.value.status() == "StatusCode.INTERNAL"
+    assert "failed to load 'nope', failed to poll from model repository" in info.value.message()
+
+
+def test_load_with_config_override(explicit_server: Server) -> None:
+    client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
+    client.load_model("batch_scale")
+    assert client.get_model_config("batch_scale")["max_batch_size"] == 16
+    override = {
+        "name": "batch_scale",
+        "backend": "onnxruntime",
+        "max_batch_size": 4,
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+        "instance_group": [{"kind": "KIND_CPU", "count": 1}],
+    }
+    client.load_model("batch_scale", config=json.dumps(override))
+    config = client.get_model_config("batch_scale")
+    assert config["max_batch_size"] == 4
+    assert config["instance_group"][0]["count"] == 1
+    assert _ready_instances(explicit_server, "batch_scale") == 1
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("batch_scale", _scale_input(1.0, batch=5))
+    assert "batch-size must be <= 4" in info.value.message()
+    assert client.infer("batch_scale", _scale_input(1.0, 4)).as_numpy("OUTPUT0").shape == (4, 4)
+    client.unload_model("batch_scale")
+
+
+def test_load_with_files(explicit_server: Server, control_repo: Path) -> None:
+    client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
+    onnx_bytes = (control_repo / "batch_scale/1/model.onnx").read_bytes()
+    config = {
+        "name": "uploaded",
+        "backend": "onnxruntime",
+        "max_batch_size": 8,
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+        "instance_group": [{"kind": "KIND_CPU", "count": 1}],
+    }
+    client.load_model(
+        "uploaded", config=json.dumps(config), files={"file:1/model.onnx": onnx_bytes}
+    )
+    out = client.infer("uploaded", _scale_input(5.0)).as_numpy("OUTPUT0")
+    assert out.tolist() == [[15.0] * 4]
+    raw = requests.post(
+        f"{explicit_server.base}/v2/repository/models/other/load",
+        json={"parameters": {"file:1/model.onnx": base64.b64encode(onnx_bytes).decode()}},
+        timeout=30,
+    )
+    assert raw.status_code == 400
+    assert "'file:' parameters need the 'config' parameter" in raw.json()["error"]
+    client.unload_model("uploaded")
+
+
+def test_load_failure_reports_reason(explicit_server: Server) -> None:
+    client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model("broken")
+    assert info.value.status() == "400"
+    assert info.value.message().startswith("load failed for model 'broken':")
+    entry = _index(client)[("broken", "1")]
+    assert entry["state"] == "UNAVAILABLE" and entry["reason"]
+    assert client.is_model_ready("add_sub")
+
+
+def test_unload_while_32_requests_in_flight(explicit_server: Server) -> None:
+    client = httpclient.InferenceServerClient(
+        explicit_server.http_url, network_timeout=120, concurrency=32
+    )
+    client.load_model("slow_pair")
+    pending = []
+    for i in range(32):
+        tensor = httpclient.InferInput("IN", [1, 1], "FP32")
+        tensor.set_data_from_numpy(np.array([[float(i)]], np.float32))
+        pending.append(client.async_infer("slow_pair", [tensor], parameters={"sleep_ms": 50}))
+    time.sleep(0.1)
+    control = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
+    control.unload_model("slow_pair")
+    values = [p.get_result(timeout=60).as_numpy("OUT")[0][0] for p in pending]
+    assert values == [float(i) for i in range(32)]
+    assert not control.is_model_ready("slow_pair")
+
+
+def test_reload_under_load_fails_no_request(explicit_server: Server, control_repo: Path) -> None:
+    client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
+    shutil.rmtree(control_repo / "batch_scale/2", ignore_errors=True)
+    client.load_model("batch_scale")
+    stop = threading.Event()
+    results: list[object] = []
+    lock = threading.Lock()
+
+    def load_loop() -> None:
+        c = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=60)
+        while not stop.is_set():
+            try:
+                out = c.infer("batch_scale", _scale_input(1.0))
+                value: object = (out.get_response()["model_version"], out.as_numpy("OUTPUT0")[0][0])
+            except InferenceServerException as exc:
+                value = exc
+            with lock:
+                results.append(value)
+
+    threads = [threading.Thread(target=load_loop) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)
+    shutil.copytree(control_repo / "batch_scale/1", control_repo / "batch_scale/2")
+    client.load_model("batch_scale")  # new version 2 (latest 1): v2 up, then v1 retired
+    time.sleep(1.5)
+    stop.set()
+    for thread in threads:
+        thread.join(60)
+    failures = [r for r in results if isinstance(r, Exception)]
+    assert not failures, failures[:3]
+    versions = {r[0] for r in results}  # type: ignore[index]
+    assert versions == {"1", "2"}
+    assert results[-1][0] == "2"  # type: ignore[index]
+    index = _index(client)
+    assert index[("batch_scale", "2")]["state"] == "READY"
+    assert index[("batch_scale", "1")]["state"] == "UNAVAILABLE"
+    client.unload_model("batch_scale")
+    shutil.rmtree(control_repo / "batch_scale/2")
+
+
+def test_second_gateway_sees_the_same_models(explicit_server: Server, tmp_path: Path) -> None:
+    port, grpc_port = free_port(), free_port()
+    log = (tmp_path / "gateway.log").open("wb")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "api.cli",
+            "gateway",
+            "--http-address",
+            "127.0.0.1",
+            "--http-port",
+            str(port),
+            "--grpc-address",
+            "127.0.0.1",
+            "--grpc-port",
+            str(grpc_port),
+            "--redis-url",
+            explicit_server.redis_url,
+            "--key-prefix",
+            explicit_server.key_prefix,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        second = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if second.is_server_ready():
+                    break
+            except Exception:
+                pass
+            time.sleep(0.1)
+        first = httpclient.InferenceServerClient(explicit_server.http_url)
+        assert second.get_model_repository_index() == first.get_model_repository_index()
+        a = np.ones((1, 16), np.float32)
+        for client in (first, second):
+            inputs = [
+                httpclient.InferInput("INPUT0", [1, 16], "FP32"),
+                httpclient.InferInput("INPUT1", [1, 16], "FP32"),
+            ]
+            inputs[0].set_data_from_numpy(a)
+            inputs[1].set_data_from_numpy(a * 2)
+            assert client.infer("add_sub", inputs).as_numpy("OUTPUT0").tolist() == [[3.0] * 16]
+        grpc_second = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        assert grpc_second.is_model_ready("add_sub")
+    finally:
+        process.terminate()
+        process.wait(20)
+
+
+def test_poll_mode_follows_the_repository(
+    model_repository: Path, redis_url: str, tmp_path: Path
+) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(model_repository / "add_sub", repo / "add_sub")
+    build_batch_scale(repo)
+    server = start_server(
+        repo,
+        redis_url,
+        tmp_path / "serve.log",
+        "--model-control-mode",
+        "poll",
+        "--repository-poll-secs",
+        "1",
+    )
+    try:
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+        with pytest.raises(InferenceServerException) as info:
+            client.load_model("add_sub")
+        assert info.value.status() == "503"
+        assert client.get_model_metadata("batch_scale")["versions"] == ["1"]
+        shutil.copytree(repo / "batch_scale/1", repo / "batch_scale/2")
+        shutil.rmtree(repo / "add_sub")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            index = _index(client)
+            if (
+                index.get(("batch_scale", "2"), {}).get("state") == "READY"
+                and ("add_sub", "1") in index
+                and index[("add_sub", "1")]["state"] != "READY"
+            ):
+                break
+            time.sleep(0.3)
+        index = _index(client)
+        assert index[("batch_scale", "2")]["state"] == "READY"
+        assert index[("batch_scale", "1")]["state"] == "UNAVAILABLE"
+        assert not client.is_model_ready("add_sub")
+        assert client.infer("batch_scale", _scale_input(1.0)).get_response()["model_version"] == "2"
+    finally:
+        assert stop_server(server) == 0, server.log()
