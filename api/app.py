@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import ASGIApp
 
 from api.access import AccessPolicy
 from api.dataplane import DataPlane
@@ -88,18 +89,23 @@ def create_app(settings: GatewaySettings, dataplane: DataPlane) -> FastAPI:
         stats.router,  # /v2/models/stats before /v2/models/{name}
         health.router,
         metadata.router,
-        infer.router,
         repository.router,
         logging_routes.router,
     ):
         app.include_router(router)
-    policy = AccessPolicy(settings.http.restricted_apis)
-    if policy:
-        app.add_middleware(RestrictedApiMiddleware, policy=policy)
     app.add_exception_handler(SluiceError, _sluice_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(redis.exceptions.ConnectionError, _redis_error)
     app.add_exception_handler(redis.exceptions.TimeoutError, _redis_error)
     app.add_exception_handler(Exception, _unexpected)
+    return app
+
+
+def wrap_asgi(settings: GatewaySettings, dataplane: DataPlane, router_app: FastAPI) -> ASGIApp:
+    """What uvicorn serves: access control, then the infer fast path, then ``router_app``."""
+    app: ASGIApp = infer.InferEndpoint(router_app, dataplane)
+    policy = AccessPolicy(settings.http.restricted_apis)
+    if policy:
+        app = RestrictedApiMiddleware(app, policy=policy)
     return app

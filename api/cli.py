@@ -46,6 +46,8 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--model-control-mode", default="none", choices=["none", "poll", "explicit"])
     p.add_argument("--load-model", action="append", default=[],
                    help="explicit mode: a model to load at start (repeatable; '*' = all)")
+    p.add_argument("--gateway-processes", type=int, default=1,
+                   help="gateway processes sharing the HTTP/gRPC ports (SO_REUSEPORT)")
     p.add_argument("--repository-poll-secs", type=float, default=15.0,
                    help="poll mode: seconds between repository scans")
     p.add_argument("--exit-on-error", type=_bool, default=True)
@@ -87,12 +89,18 @@ def _resolve_redis(url: str | None) -> tuple[str, object | None]:
 
 def serve(args: argparse.Namespace) -> int:
     """``sluice serve``: run everything until Ctrl-C; returns the exit code."""
+    from broker.logs import LogOptions, configure_logging
     from gpu_workers.supervisor import ServeOptions, Supervisor
 
-    logging.basicConfig(
-        level=logging.DEBUG if args.log_verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s [serve] %(name)s: %(message)s",
+    log_options = LogOptions.from_env(
+        verbose=args.log_verbose,
+        info=args.log_info,
+        warning=args.log_warning,
+        error=args.log_error,
+        format=args.log_format,
+        file=args.log_file,
     )
+    configure_logging("serve", log_options)
     if args.load_model and args.model_control_mode != "explicit":
         logger.error("--load-model needs --model-control-mode=explicit")
         return 2
@@ -111,6 +119,7 @@ def serve(args: argparse.Namespace) -> int:
         model_control_mode=args.model_control_mode,
         load_models=tuple(args.load_model),
         repository_poll_s=args.repository_poll_secs,
+        gateway_processes=args.gateway_processes,
         exit_on_error=args.exit_on_error,
         strict_readiness=args.strict_readiness,
         strict_model_config=strict,
@@ -119,6 +128,7 @@ def serve(args: argparse.Namespace) -> int:
         exit_timeout_s=args.exit_timeout_secs,
         request_timeout_s=args.request_timeout_secs,
         gateway_args=tuple(forward_frontend_arguments(args)),
+        extra_env=log_options.to_env(),  # gateway and workers log as this process does
     )
     supervisor = Supervisor(options)
     signal.signal(signal.SIGINT, supervisor.request_stop)
@@ -126,7 +136,7 @@ def serve(args: argparse.Namespace) -> int:
     code = 0
     try:
         supervisor.reset_state()
-        supervisor.start_gateway()
+        supervisor.start_gateways()
         failures = supervisor.load_startup_models()
         for line in failures:
             logger.error("%s", line)

@@ -6,6 +6,7 @@ wait for the reply until the request's deadline (MLServer ``handlers/DataPlane``
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Sequence
@@ -27,6 +28,8 @@ from broker.producer import QUEUE_FULL, Producer
 from broker.replies import ReplyRouter
 from broker.scheduling import StreamLayout
 from broker.stats_store import StatsDelta, decode_stats, triton_model_stats
+
+logger = logging.getLogger(__name__)
 
 #: extensions this server implements, in Triton's order (PROTOCOL.md 0).
 EXTENSIONS = (
@@ -303,11 +306,37 @@ class DataPlane:
     ) -> InferResult:
         """Validate, queue and await one inference request.
 
+        A failed request is logged once, with Sluice's request id (the id worker log
+        lines carry), the client's id and the reason.
+
         Raises:
             SluiceError: NOT_FOUND/UNAVAILABLE from model resolution, INVALID_ARG from
                 validation, UNSUPPORTED for decoupled models, UNAVAILABLE "Request timeout
                 expired" past the deadline, or the error the model returned.
         """
+        request_id = uuid.uuid4().hex
+        try:
+            return await self._infer(
+                request_id, model, version, client_id, inputs, outputs, parameters
+            )
+        except SluiceError as exc:
+            logger.info(
+                "request %s (client id '%s') to model '%s' version %s failed: %s: %s",
+                request_id, client_id, model, "-" if version is None else version,
+                exc.code.value, exc.message,
+            )
+            raise
+
+    async def _infer(
+        self,
+        request_id: str,
+        model: str,
+        version: int | None,
+        client_id: str,
+        inputs: Sequence[WireTensor],
+        outputs: Sequence[RequestedOutput],
+        parameters: dict[str, ParameterValue],
+    ) -> InferResult:
         view, resolved = await self.registry.resolve(model, version)
         if view.decoupled:
             raise SluiceError(
@@ -318,7 +347,6 @@ class DataPlane:
             )
         validate_request(view, inputs, outputs)
         now_ns = time.time_ns()
-        request_id = uuid.uuid4().hex
         message = InferRequestMessage(
             request_id=request_id,
             client_id=client_id,

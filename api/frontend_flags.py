@@ -1,4 +1,5 @@
-"""Triton's gRPC and endpoint-access flags, declared once for ``sluice serve`` and ``gateway``.
+"""Triton's gRPC, metrics, logging and endpoint-access flags, declared once for
+``sluice serve`` and ``gateway``.
 
 ``sluice serve`` forwards the flags it was given to the gateway process verbatim
 (:func:`forward_frontend_arguments`); ``sluice gateway`` folds them into its
@@ -14,7 +15,12 @@ from typing import Any
 
 from api.settings import GatewaySettings
 
-__all__ = ["add_frontend_arguments", "apply_frontend_arguments", "forward_frontend_arguments"]
+__all__ = [
+    "METRICS_CONFIG_KEYS",
+    "add_frontend_arguments",
+    "apply_frontend_arguments",
+    "forward_frontend_arguments",
+]
 
 
 def _bool(text: str) -> bool:
@@ -28,9 +34,43 @@ def _bool(text: str) -> bool:
 @dataclass(frozen=True, slots=True)
 class _Flag:
     flag: str
-    field: str | None  # GrpcSettings field; None = accepted and ignored
+    field: str | None  # settings field of ``section``; None = accepted and ignored
     type: Any
     help: str
+    section: str = "grpc"  # "grpc", "metrics" or "" (a GatewaySettings field)
+
+
+def _log_format(text: str) -> str:
+    if text not in ("default", "ISO8601"):
+        raise argparse.ArgumentTypeError(f"expected default or ISO8601, got '{text}'")
+    return text
+
+
+_METRICS_FLAGS = (
+    _Flag("--allow-metrics", "enabled", _bool, "serve Prometheus metrics (true)", "metrics"),
+    _Flag("--allow-gpu-metrics", "gpu", _bool, "GPU metrics where a GPU is found (true)",
+          "metrics"),
+    _Flag("--allow-cpu-metrics", "cpu", _bool, "CPU utilization and memory metrics (true)",
+          "metrics"),
+    _Flag("--metrics-address", "address", str, "metrics bind address (the HTTP address)",
+          "metrics"),
+    _Flag("--metrics-port", "port", int, "metrics port (8002)", "metrics"),
+    _Flag("--metrics-interval-ms", "interval_ms", int, "GPU/CPU metrics refresh period, ms (2000)",
+          "metrics"),
+)
+_LOG_FLAGS = (
+    _Flag("--log-info", "log_info", _bool, "write INFO lines (true)", ""),
+    _Flag("--log-warning", "log_warning", _bool, "write WARNING lines (true)", ""),
+    _Flag("--log-error", "log_error", _bool, "write ERROR lines (true)", ""),
+    _Flag("--log-format", "log_format", _log_format, "default or ISO8601", ""),
+    _Flag("--log-file", "log_file", str, "append log lines to this file (standard error)", ""),
+)
+#: ``--metrics-config <key>=<value>`` keys (Triton) and the MetricsSettings field of each.
+METRICS_CONFIG_KEYS = {
+    "counter_latencies": "counter_latencies",
+    "summary_latencies": "summary_latencies",
+    "histogram_latencies": "histogram_latencies",
+}
 
 
 _GRPC_FLAGS = (
@@ -81,10 +121,28 @@ def _dest(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
 
+def _metrics_config(text: str) -> tuple[str, bool]:
+    key, sep, value = text.partition("=")
+    if not sep or key not in METRICS_CONFIG_KEYS:
+        raise argparse.ArgumentTypeError(
+            f"expected <key>=<value> with key one of {', '.join(METRICS_CONFIG_KEYS)}, "
+            f"got '{text}'"
+        )
+    return key, _bool(value)
+
+
 def add_frontend_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add every gRPC and restricted-API flag (default None = "not given")."""
-    for spec in _GRPC_FLAGS:
+    """Add every gRPC, metrics, logging and restricted-API flag (default None = "not given")."""
+    for spec in (*_GRPC_FLAGS, *_METRICS_FLAGS, *_LOG_FLAGS):
         parser.add_argument(spec.flag, type=spec.type, default=None, help=spec.help)
+    parser.add_argument(
+        "--metrics-config",
+        action="append",
+        type=_metrics_config,
+        default=None,
+        help="<key>=<value>: counter_latencies (true), summary_latencies and "
+        "histogram_latencies (accepted, not implemented) (repeatable)",
+    )
     for flag, _, help_text in _RESTRICT_FLAGS:
         parser.add_argument(flag, action="append", default=None, help=help_text)
 
@@ -92,11 +150,13 @@ def add_frontend_arguments(parser: argparse.ArgumentParser) -> None:
 def forward_frontend_arguments(args: argparse.Namespace) -> list[str]:
     """The given flags as argv, to pass from ``sluice serve`` to the gateway process."""
     argv: list[str] = []
-    for spec in _GRPC_FLAGS:
+    for spec in (*_GRPC_FLAGS, *_METRICS_FLAGS, *_LOG_FLAGS):
         value = getattr(args, _dest(spec.flag))
         if value is not None:
             text = ("true" if value else "false") if isinstance(value, bool) else str(value)
             argv += [spec.flag, text]
+    for key, enabled in getattr(args, "metrics_config", None) or ():
+        argv += ["--metrics-config", f"{key}={'true' if enabled else 'false'}"]
     for flag, _, _ in _RESTRICT_FLAGS:
         for value in getattr(args, _dest(flag)) or ():
             argv += [flag, value]
@@ -112,10 +172,15 @@ def apply_frontend_arguments(
         pydantic.ValidationError: a value out of range, naming the field.
     """
     grpc = settings.grpc.model_dump()
-    for spec in _GRPC_FLAGS:
+    metrics = settings.metrics.model_dump()
+    top: dict[str, object] = {}
+    sections = {"grpc": grpc, "metrics": metrics, "": top}
+    for spec in (*_GRPC_FLAGS, *_METRICS_FLAGS, *_LOG_FLAGS):
         value = getattr(args, _dest(spec.flag), None)
         if value is not None and spec.field is not None:
-            grpc[spec.field] = value
+            sections[spec.section][spec.field] = value
+    for key, enabled in getattr(args, "metrics_config", None) or ():
+        metrics[METRICS_CONFIG_KEYS[key]] = enabled
     http = settings.http.model_dump()
     for flag, section, _ in _RESTRICT_FLAGS:
         values = getattr(args, _dest(flag), None)
@@ -123,9 +188,12 @@ def apply_frontend_arguments(
             (http if section == "http" else grpc)[
                 "restricted_apis" if section == "http" else "restricted_protocols"
             ] = list(values)
-    return settings.model_copy(
-        update={
+    return type(settings).model_validate(
+        {
+            **settings.model_dump(),
+            **top,
             "grpc": type(settings.grpc).model_validate(grpc),
             "http": type(settings.http).model_validate(http),
+            "metrics": type(settings.metrics).model_validate(metrics),
         }
     )

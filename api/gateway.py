@@ -17,9 +17,15 @@ import uvicorn
 import uvloop
 
 from api.access import AccessPolicy
-from api.app import build_dataplane, connect, create_app
+from api.app import build_dataplane, connect, create_app, wrap_asgi
+from api.dashboard.history import DashboardHistory
+from api.dashboard.routes import mount_dashboard
 from api.frontend_flags import add_frontend_arguments, apply_frontend_arguments
+from api.metrics import MetricsService, create_metrics_app
 from api.settings import GatewaySettings, HttpSettings
+from api.sockets import reuse_port_socket
+from broker.keys import KeySchema
+from broker.logs import configure_logging
 
 logger = logging.getLogger(__name__)
 
@@ -82,9 +88,10 @@ class _Server(uvicorn.Server):
 
 
 async def serve_gateway(settings: GatewaySettings) -> None:
-    """Serve every front end of one gateway process (HTTP and gRPC) until SIGINT/SIGTERM.
+    """Serve every front end of one gateway process until SIGINT/SIGTERM.
 
-    Both front ends run on this one event loop and share one :class:`DataPlane`.
+    HTTP (with ``/dashboard``), gRPC and the metrics endpoint run on this one event
+    loop; HTTP and gRPC share one :class:`DataPlane`.
     Shutdown is bounded: uvicorn's ``timeout_graceful_shutdown`` (10 s) and the gRPC
     server's grace (10 s) run together, then the reply router fails whatever still
     waits with UNAVAILABLE.
@@ -97,12 +104,39 @@ async def serve_gateway(settings: GatewaySettings) -> None:
     dataplane = build_dataplane(settings, client)
     grpc_front: GrpcFrontEnd | None = None
     if settings.grpc.enabled:
-        grpc_front = GrpcFrontEnd(settings.grpc, dataplane)
+        grpc_settings = settings.grpc.model_copy(update={"reuse_port": settings.reuse_port})
+        grpc_front = GrpcFrontEnd(grpc_settings, dataplane)
+    keys = KeySchema(settings.redis.key_prefix)
+    history = DashboardHistory(client, keys, keep_s=settings.dashboard_history_s)
+    app = create_app(settings, dataplane)
+    mount_dashboard(app, history)
+    metrics_server: _Server | None = None
+    metrics: MetricsService | None = None
+    if settings.metrics.enabled:
+        metrics = MetricsService(settings.metrics, client, keys)
+        metrics_server = _Server(
+            uvicorn.Config(
+                create_metrics_app(metrics),
+                host=settings.metrics.address or settings.http.address,
+                port=settings.metrics.port,
+                loop="none",
+                http="httptools",
+                lifespan="off",
+                access_log=False,
+                log_level="warning",
+                timeout_graceful_shutdown=2,
+                server_header=False,
+                date_header=False,
+            )
+        )
     await dataplane.router.start()
     if grpc_front is not None:
         await grpc_front.start()
+    await history.start()
+    if metrics is not None:
+        await metrics.start()
     config = uvicorn.Config(
-        create_app(settings, dataplane),
+        wrap_asgi(settings, dataplane, app),
         host=settings.http.address,
         port=settings.http.port,
         loop="none",
@@ -115,11 +149,18 @@ async def serve_gateway(settings: GatewaySettings) -> None:
         date_header=False,
     )
     http_server = _Server(config)
+    http_sockets = (
+        [reuse_port_socket(settings.http.address, settings.http.port)]
+        if settings.reuse_port
+        else None
+    )
     stopped = asyncio.Event()
     grpc_stopping: list[asyncio.Task[None]] = []
 
     def stop() -> None:
         http_server.should_exit = True
+        if metrics_server is not None:
+            metrics_server.should_exit = True
         stopped.set()
         if grpc_front is not None and not grpc_stopping:
             grpc_stopping.append(asyncio.ensure_future(grpc_front.stop(10.0)))
@@ -128,8 +169,24 @@ async def serve_gateway(settings: GatewaySettings) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop)
     try:
-        await http_server.serve()
+        if metrics_server is not None:
+            # every gateway reports the same values (read from Redis), so gateways that
+            # share the HTTP port share the metrics port too
+            metrics_sockets = (
+                [reuse_port_socket(metrics_server.config.host, metrics_server.config.port)]
+                if settings.reuse_port
+                else None
+            )
+            await asyncio.gather(
+                http_server.serve(sockets=http_sockets),
+                metrics_server.serve(sockets=metrics_sockets),
+            )
+        else:
+            await http_server.serve(sockets=http_sockets)
     finally:
+        if metrics is not None:
+            await metrics.stop()
+        await history.stop()
         if grpc_stopping:
             await grpc_stopping[0]
         elif grpc_front is not None:
@@ -140,10 +197,7 @@ async def serve_gateway(settings: GatewaySettings) -> None:
 
 def run_gateway(settings: GatewaySettings) -> None:
     """Run :func:`serve_gateway` on uvloop."""
-    logging.basicConfig(
-        level=logging.DEBUG if settings.log_verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s [gateway] %(name)s: %(message)s",
-    )
+    configure_logging("gateway", settings.log_options())
     uvloop.run(serve_gateway(settings))
 
 

@@ -33,6 +33,8 @@ class HttpSettings(BaseModel):
 class GrpcSettings(BaseModel):
     """The gRPC front end (Triton ``--grpc-*`` flags, ``src/command_line_parser.cc``)."""
 
+    reuse_port: bool = False
+    """Share the port with other gateway processes (set from ``GatewaySettings.reuse_port``)."""
     enabled: bool = True
     """Triton ``--allow-grpc``."""
     address: str = "0.0.0.0"
@@ -107,6 +109,9 @@ class GatewaySettings(BaseSettings):
     """Server metadata ``name`` (Triton ``--id``)."""
     request_timeout_s: float = Field(default=60.0, gt=0)
     """Longest a request may wait for its answer when the client sets no timeout, in seconds."""
+    reuse_port: bool = False
+    """Bind the HTTP and gRPC ports with SO_REUSEPORT so several gateway processes share them
+    (``sluice serve --gateway-processes N`` sets ``SLUICE_REUSE_PORT``)."""
     control_timeout_s: float = Field(default=600.0, gt=0)
     """Longest a load or unload request waits for the supervisor, in seconds."""
     model_cache_s: float = Field(default=0.5, ge=0)

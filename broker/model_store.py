@@ -108,6 +108,10 @@ class ModelStore:
         raw = self._redis.hgetall(self._keys.instances(model, version))
         return {k.decode(): json.loads(v) for k, v in raw.items()}
 
+    def forget_instances(self, model: str, version: int, names: list[str]) -> None:
+        """Remove the records of instances that no longer run."""
+        self._redis.hdel(self._keys.instances(model, version), *names)
+
     def clear_instances(self, model: str, version: int) -> None:
         """Forget the instances of one model version."""
         self._redis.delete(self._keys.instances(model, version))

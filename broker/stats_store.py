@@ -152,6 +152,17 @@ def triton_model_stats(name: str, version: int, stats: VersionStats) -> dict[str
                 },
             }
         )
+    response_stats: dict[str, Any] = {}
+    if stats.get("success_count") or stats.get("fail_count"):
+        # One response per request (no decoupled models): index "0" of each request.
+        response_stats["0"] = {
+            "compute_infer": pair("compute_infer"),
+            "compute_output": pair("compute_output"),
+            "success": pair("success"),
+            "fail": pair("fail"),
+            "empty_response": {"count": 0, "ns": 0},
+            "cancel": {"count": stats.get("fail_reason:CANCELED"), "ns": 0},
+        }
     return {
         "name": name,
         "version": str(version),
@@ -159,7 +170,7 @@ def triton_model_stats(name: str, version: int, stats: VersionStats) -> dict[str
         "inference_count": stats.get("inference_count"),
         "execution_count": stats.get("execution_count"),
         "inference_stats": inference_stats,
-        "response_stats": {},
+        "response_stats": response_stats,
         "batch_stats": batch_stats,
         "memory_usage": [],
     }

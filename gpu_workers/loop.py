@@ -209,7 +209,11 @@ class InstanceLoop:
         ]
 
         delta = StatsDelta()
-        for delivery, code, _ in failures:
+        for delivery, code, text in failures:
+            logger.debug(
+                "request %s (client id '%s') of model '%s' failed: %s: %s",
+                delivery.message.request_id, delivery.message.client_id, self._model, code, text,
+            )
             delta.failure(
                 request_ns=now - delivery.message.enqueued_ns, reason=_REASONS.get(code, "OTHER")
             )
@@ -247,6 +251,9 @@ class InstanceLoop:
                 )
             )
         runnable = [r for i, r in enumerate(requests) if i not in decode_errors]
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("model '%s': executing %d request(s): %s", self._model, len(runnable),
+                         ", ".join(f"{r.request_id} (client id '{r.client_id}')" for r in runnable))
         input_done = self._clock()
         results = self._run_backend(runnable)
         infer_done = self._clock()
@@ -258,14 +265,20 @@ class InstanceLoop:
             request_id = item.delivery.message.request_id
             if index in decode_errors:
                 answers.append(self._error(request_id, "INVALID_ARG", decode_errors[index]))
-                failures.append((item, "INVALID_ARG"))
+                failures.append((item, "OTHER"))
                 continue
             answer = self._answer(item.delivery.message, next(result_iter))
             answers.append(answer)
             if answer.error is None:
                 successes.append(item)
             else:
-                failures.append((item, answer.error.code))
+                # Triton: an error the model (backend) returned counts as reason BACKEND.
+                failures.append((item, "BACKEND"))
+                logger.debug(
+                    "request %s (client id '%s') of model '%s' failed: %s: %s", request_id,
+                    item.delivery.message.client_id, self._model, answer.error.code,
+                    answer.error.message,
+                )
         done = self._clock()
         times = ExecutionTimes(input_done - start, infer_done - input_done, done - infer_done)
         executed_size = sum(max(1, h.batch_size) for h in held) - sum(
@@ -284,11 +297,8 @@ class InstanceLoop:
                 times=times,
                 now_ms=done // 1_000_000,
             )
-        for item, code in failures:
-            delta.failure(
-                request_ns=done - item.delivery.message.enqueued_ns,
-                reason=_REASONS.get(code, "OTHER"),
-            )
+        for item, reason in failures:
+            delta.failure(request_ns=done - item.delivery.message.enqueued_ns, reason=reason)
 
         self._consumer.finish(
             [(h.delivery.message.reply_to, a) for h, a in zip(held, answers, strict=True)],

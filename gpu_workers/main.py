@@ -23,6 +23,7 @@ from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 from broker.consumer import StreamConsumer
 from broker.keys import KeySchema
+from broker.logs import LogOptions, configure_logging
 from broker.model_store import ModelStore
 from broker.scheduling import ShapeKeys, StreamLayout, scheduling_policy
 from broker.settings import RedisSettings
@@ -70,10 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run one model instance; returns the process exit code."""
     args = parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.log_verbose else logging.INFO,
-        format=f"%(asctime)s %(levelname)s [worker {args.instance}] %(name)s: %(message)s",
-    )
+    configure_logging(f"worker {args.instance}", LogOptions.from_env(verbose=args.log_verbose))
     keys = KeySchema(args.key_prefix)
     client = redis.Redis.from_url(
         args.redis_url, protocol=2, socket_timeout=30, health_check_interval=10

@@ -357,8 +357,17 @@ class ModelManager:
             kept = {v: i for v, i in previous.versions.items() if v in model.versions}
             for instances in kept.values():
                 terminate([i.process for i in instances if i.process], self.options.drain_timeout_s)
+            self._forget_generation(previous)
             if previous.temp_dir is not None and previous.temp_dir != model.temp_dir:
                 shutil.rmtree(previous.temp_dir, ignore_errors=True)
+
+    def _forget_generation(self, previous: LoadedModel) -> None:
+        """Drop the Redis records of a replaced generation (nothing grows with reloads)."""
+        self._redis.delete(self._keys.staged_config(previous.name, previous.generation))
+        for version, instances in previous.versions.items():
+            names = [i.name for i in instances]
+            if names:
+                self._store.forget_instances(previous.name, version, names)
 
     def _await_ready(self, instances: list[Instance]) -> str | None:
         """Wait until every instance reports READY; the failure reason otherwise."""

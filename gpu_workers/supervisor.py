@@ -58,6 +58,7 @@ class ServeOptions:
     model_config_name: str | None = None  # --model-config-name
     log_verbose: int = 0  # --log-verbose
     exit_timeout_s: float = 30.0  # --exit-timeout-secs
+    gateway_processes: int = 1  # Sluice: gateway processes sharing the ports (SO_REUSEPORT)
     load_timeout_s: float = 300.0
     request_timeout_s: float = 60.0
     gateway_args: tuple[str, ...] = ()  # --grpc-*, --*-restricted-* flags, passed through
@@ -72,9 +73,10 @@ class Supervisor:
         self.keys = KeySchema(options.key_prefix)
         self.client = redis.Redis.from_url(options.redis_url, protocol=2, socket_timeout=30)
         self.store = ModelStore(self.client, self.keys)
-        self.spawner = Spawner(
-            options.redis_url, options.key_prefix, options.log_verbose, options.extra_env
-        )
+        env = dict(options.extra_env)
+        if options.gateway_processes > 1:
+            env["SLUICE_REUSE_PORT"] = "1"
+        self.spawner = Spawner(options.redis_url, options.key_prefix, options.log_verbose, env)
         self.manager = ModelManager(
             ManagerOptions(
                 repositories=options.repositories,
@@ -87,7 +89,9 @@ class Supervisor:
             self.keys,
             self.spawner,
         )
-        self.gateway: subprocess.Popen[bytes] | None = None
+        self.gateways: list[subprocess.Popen[bytes] | None] = [None] * max(
+            1, options.gateway_processes
+        )
         self._stopping = False
 
     # -- start-up --------------------------------------------------------------------------
@@ -100,10 +104,14 @@ class Supervisor:
         self.store.set_server(startup="loading", model_control_mode=self.options.model_control_mode)
         ensure_control_group(self.client, self.keys.control())
 
-    def start_gateway(self) -> None:
-        """Start the gateway process (HTTP and gRPC front ends)."""
+    def start_gateways(self) -> None:
+        """Start every gateway process (HTTP and gRPC front ends)."""
+        for index in range(len(self.gateways)):
+            self._start_gateway(index)
+
+    def _start_gateway(self, index: int) -> None:
         o = self.options
-        self.gateway = self.spawner.spawn(
+        self.gateways[index] = self.spawner.spawn(
             [
                 "-m",
                 "api.gateway",
@@ -150,17 +158,21 @@ class Supervisor:
 
     def watch(self) -> None:
         """Serve control commands, poll, restart dead children; return when asked to stop."""
-        gateway_restarts = 0
-        gateway_started = time.monotonic()
+        restarts = [0] * len(self.gateways)
+        started = [time.monotonic()] * len(self.gateways)
         next_poll = time.monotonic() + self.options.repository_poll_s
         while not self._stopping:
-            if self.gateway is not None and self.gateway.poll() is not None:
-                delay = min(30.0, 0.5 * 2 ** min(gateway_restarts, 6))
-                if time.monotonic() - gateway_started >= delay:
-                    logger.error("gateway exited with code %s; restarting", self.gateway.returncode)
-                    gateway_restarts += 1
-                    gateway_started = time.monotonic()
-                    self.start_gateway()
+            for index, gateway in enumerate(self.gateways):
+                if gateway is None or gateway.poll() is None:
+                    continue
+                delay = min(30.0, 0.5 * 2 ** min(restarts[index], 6))
+                if time.monotonic() - started[index] >= delay:
+                    logger.error(
+                        "gateway %d exited with code %s; restarting", index, gateway.returncode
+                    )
+                    restarts[index] += 1
+                    started[index] = time.monotonic()
+                    self._start_gateway(index)
             self._restart_dead_instances()
             if self.options.model_control_mode == "poll" and time.monotonic() >= next_poll:
                 self.manager.poll()
@@ -238,6 +250,5 @@ class Supervisor:
                 [i.process for i in self.manager.instances() if i.process],
                 self.options.exit_timeout_s,
             )
-        if self.gateway is not None:
-            terminate([self.gateway], self.options.exit_timeout_s)
+        terminate([g for g in self.gateways if g is not None], self.options.exit_timeout_s)
         self.client.close()

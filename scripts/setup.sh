@@ -18,5 +18,12 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[${SLUICE_EXTRAS:-cpu,test}]"
+# The pytorch backend's tests run where the CPU torch wheel is at hand locally
+# (never a multi-gigabyte CUDA download); elsewhere they skip.
+if ls /opt/wheels/torch-2.13.0*cpu*.whl >/dev/null 2>&1; then
+  TORCH_WHEEL=$(ls /opt/wheels/torch-2.13.0*cpu*.whl | head -n 1)
+  echo "setup: installing torch from $TORCH_WHEEL"
+  .venv/bin/python -m pip install -q "$TORCH_WHEEL"
+fi
 .venv/bin/python examples/build_models.py
 echo "setup: done"

@@ -41,7 +41,7 @@ def server_options(settings: GrpcSettings) -> list[tuple[str, int]]:
             settings.http2_min_recv_ping_interval_without_data_ms,
         ),
         ("grpc.http2.max_ping_strikes", settings.http2_max_ping_strikes),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", int(settings.reuse_port)),
     ]
 
 

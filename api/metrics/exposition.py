@@ -52,9 +52,14 @@ def _number(value: float) -> str:
 
 
 def render(families: Iterable[Family]) -> bytes:
-    """The text exposition of ``families`` (labels sorted by name, as Triton writes them)."""
+    """The text exposition of ``families`` (labels sorted by name, as Triton writes them).
+
+    A family with no samples is left out (no model loaded: no ``nv_inference_*`` lines).
+    """
     lines: list[str] = []
     for family in families:
+        if not family.samples:
+            continue
         help_text = family.help.replace("\\", r"\\").replace("\n", r"\n")
         lines.append(f"# HELP {family.name} {help_text}")
         lines.append(f"# TYPE {family.name} {family.type}")

@@ -13,7 +13,7 @@ from api.metrics.exposition import Family
 from api.metrics.snapshot import VersionSample
 from broker.stats_store import FAIL_REASONS
 
-__all__ = ["TRITON_MODEL_METRICS", "SLUICE_MODEL_METRICS", "model_families"]
+__all__ = ["SLUICE_MODEL_METRICS", "TRITON_MODEL_METRICS", "model_families"]
 
 #: (name, type, help, stats field or None) of Triton's per-model metrics we expose.
 TRITON_MODEL_METRICS: tuple[tuple[str, str, str], ...] = (

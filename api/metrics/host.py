@@ -135,7 +135,7 @@ class HostSampler:
                 continue
             power = _optional(lambda h=handle: nvml.nvmlDeviceGetPowerUsage(h) / 1000.0)
             limit = _optional(lambda h=handle: nvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0)
-            energy_mj = _optional(lambda h=handle: float(nvml.nvmlDeviceGetTotalEnergyConsumption(h)))
+            energy_mj = _optional(lambda h=handle: nvml.nvmlDeviceGetTotalEnergyConsumption(h))
             energy = None
             if energy_mj is not None:
                 start = self._energy_start.setdefault(uuid, energy_mj)
@@ -177,10 +177,11 @@ class HostSampler:
             out.append(Family("nv_cpu_utilization", "gauge", "CPU utilization rate [0.0 - 1.0]",
                               [({}, self.cpu_utilization)]))
         if self.cpu and self.memory is not None:
-            out.append(Family("nv_cpu_memory_total_bytes", "gauge", "CPU total memory (RAM), in bytes",
-                              [({}, self.memory[0])]))
-            out.append(Family("nv_cpu_memory_used_bytes", "gauge", "CPU used memory (RAM), in bytes",
-                              [({}, self.memory[1])]))
+            total, used = self.memory
+            out.append(Family("nv_cpu_memory_total_bytes", "gauge",
+                              "CPU total memory (RAM), in bytes", [({}, total)]))
+            out.append(Family("nv_cpu_memory_used_bytes", "gauge",
+                              "CPU used memory (RAM), in bytes", [({}, used)]))
         return out
 
 

@@ -18,6 +18,8 @@ from broker.errors import ErrorCode, SluiceError
 BACKENDS: dict[str, str] = {
     "onnxruntime": "gpu_workers.backends.onnxruntime:OnnxRuntimeBackend",
     "python": "gpu_workers.backends.python:PythonBackend",
+    "pytorch": "gpu_workers.backends.torch:TorchBackend",
+    "tensorrt": "gpu_workers.backends.tensorrt:TensorRTBackend",
 }
 
 

@@ -142,6 +142,12 @@ class Server:
     redis_url: str
     log_path: Path
     grpc_port: int = 0
+    metrics_port: int = 0
+
+    @property
+    def metrics_url(self) -> str:
+        """``http://127.0.0.1:<metrics port>/metrics``."""
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     @property
     def grpc_url(self) -> str:
@@ -183,12 +189,20 @@ def start_server(
     env: dict[str, str] | None = None,
     wait_ready: bool = True,
     timeout_s: float = 90.0,
+    metrics_port: int | None = None,
 ) -> Server:
-    """Start ``sluice serve`` on free ports and wait (bounded) until it is ready."""
+    """Start ``sluice serve`` on free ports and wait (bounded) until it is ready.
+
+    ``metrics_port`` None picks a free port for the metrics endpoint too.
+    """
     port = free_port()
     grpc_port = free_port()
     while grpc_port == port:
         grpc_port = free_port()
+    if metrics_port is None:
+        metrics_port = free_port()
+        while metrics_port in (port, grpc_port):
+            metrics_port = free_port()
     prefix = f"sluice-e2e-{uuid.uuid4().hex[:8]}:"
     full_env = dict(os.environ)
     full_env.update(env or {})
@@ -209,6 +223,8 @@ def start_server(
             str(grpc_port),
             "--grpc-address",
             "127.0.0.1",
+            "--metrics-port",
+            str(metrics_port),
             "--redis-url",
             redis_url,
             "--key-prefix",
@@ -222,7 +238,7 @@ def start_server(
         env=full_env,
         cwd=ROOT,
     )
-    server = Server(process, port, prefix, redis_url, log_path, grpc_port)
+    server = Server(process, port, prefix, redis_url, log_path, grpc_port, metrics_port)
     if not wait_ready:
         return server
     deadline = time.monotonic() + timeout_s

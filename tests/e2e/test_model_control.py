@@ -251,6 +251,8 @@ def test_second_gateway_sees_the_same_models(explicit_server: Server, tmp_path: 
             "127.0.0.1",
             "--grpc-port",
             str(grpc_port),
+            "--metrics-port",
+            str(free_port()),
             "--redis-url",
             explicit_server.redis_url,
             "--key-prefix",
@@ -325,5 +327,73 @@ def test_poll_mode_follows_the_repository(
         assert index[("batch_scale", "1")]["state"] == "UNAVAILABLE"
         assert not client.is_model_ready("add_sub")
         assert client.infer("batch_scale", _scale_input(1.0)).get_response()["model_version"] == "2"
+    finally:
+        assert stop_server(server) == 0, server.log()
+
+
+def test_failed_reload_keeps_the_old_model(explicit_server: Server) -> None:
+    client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
+    client.load_model("batch_scale")
+    bad = {"name": "batch_scale", "backend": "onnxruntime", "max_batch_size": 4,
+           "input": [{"name": "NOPE", "data_type": "TYPE_FP32", "dims": [4]}],
+           "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+           "instance_group": [{"kind": "KIND_CPU", "count": 1}]}
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model("batch_scale", config=json.dumps(bad))
+    assert info.value.status() == "400"
+    assert "load failed for model 'batch_scale'" in info.value.message()
+    assert "NOPE" in info.value.message()
+    assert client.get_model_config("batch_scale")["max_batch_size"] == 16  # the old config
+    assert client.infer("batch_scale", _scale_input(2.0)).as_numpy("OUTPUT0").tolist() == [
+        [6.0] * 4]
+    assert _index(client)[("batch_scale", "1")]["state"] == "READY"
+    client.unload_model("batch_scale")
+
+
+SLOW_INIT = '''
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        time.sleep(4)
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())]) for r in requests]
+'''
+
+
+def test_not_ready_while_startup_models_load(model_repository: Path, redis_url: str,
+                                            tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(model_repository / "add_sub", repo / "add_sub")
+    (repo / "slow_init/1").mkdir(parents=True)
+    (repo / "slow_init/1/model.py").write_text(SLOW_INIT)
+    (repo / "slow_init/config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n')
+    server = start_server(repo, redis_url, tmp_path / "serve.log", wait_ready=False)
+    try:
+        client = httpclient.InferenceServerClient(server.http_url)
+        seen_live_not_ready = False
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                live, ready = client.is_server_live(), client.is_server_ready()
+            except Exception:
+                time.sleep(0.1)
+                continue
+            if live and not ready:
+                seen_live_not_ready = True
+            if ready:
+                break
+            time.sleep(0.1)
+        assert seen_live_not_ready, "readiness was never false while slow_init loaded"
+        assert client.is_server_ready()
+        assert client.is_model_ready("slow_init")
     finally:
         assert stop_server(server) == 0, server.log()

@@ -1,0 +1,36 @@
+"""The metrics front end: ``GET /metrics`` on its own port (Triton ``--metrics-port``).
+
+Served by a second uvicorn server on the gateway's event loop; other methods on
+``/metrics`` answer 405, other paths 404 (PROTOCOL.md 7.1).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import redis.exceptions
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from api.metrics.exposition import CONTENT_TYPE
+from api.metrics.service import MetricsService
+
+__all__ = ["create_metrics_app"]
+
+logger = logging.getLogger(__name__)
+
+
+def create_metrics_app(service: MetricsService) -> Starlette:
+    """The ASGI app that serves ``service``'s exposition at ``/metrics``."""
+
+    async def metrics(_request: Request) -> Response:
+        try:
+            body = await service.exposition()
+        except redis.exceptions.RedisError as exc:
+            logger.warning("metrics: Redis unreachable: %s", exc)
+            return PlainTextResponse(f"broker unavailable: {exc}\n", status_code=503)
+        return Response(body, media_type=None, headers={"Content-Type": CONTENT_TYPE})
+
+    return Starlette(routes=[Route("/metrics", metrics, methods=["GET"])])

@@ -1,0 +1,77 @@
+"""The gateway's metrics service: one read of Redis per scrape, host gauges on a timer."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import redis.asyncio
+
+from api.metrics.exposition import render
+from api.metrics.families import model_families
+from api.metrics.host import HostSampler
+from api.metrics.snapshot import read_versions
+from api.settings import MetricsSettings
+from broker.keys import KeySchema
+
+__all__ = ["MetricsService"]
+
+logger = logging.getLogger(__name__)
+
+
+class MetricsService:
+    """Builds the ``/metrics`` exposition of one gateway process.
+
+    Args:
+        settings: the metrics settings (which families, refresh interval).
+        client: the gateway's Redis client.
+        keys: the deployment's key schema.
+    """
+
+    def __init__(
+        self, settings: MetricsSettings, client: redis.asyncio.Redis, keys: KeySchema
+    ) -> None:
+        self.settings = settings
+        self._redis = client
+        self._keys = keys
+        self.host = HostSampler(cpu=settings.cpu, gpu=settings.gpu)
+        self._task: asyncio.Task[None] | None = None
+        if settings.summary_latencies or settings.histogram_latencies:
+            logger.warning(
+                "--metrics-config summary_latencies / histogram_latencies are accepted but "
+                "not implemented: only the *_duration_us counters are exposed"
+            )
+
+    async def start(self) -> None:
+        """Take a first host reading and refresh it every ``interval_ms``."""
+        if not (self.settings.cpu or self.settings.gpu):
+            return
+        await asyncio.to_thread(self.host.refresh)
+        self._task = asyncio.create_task(self._refresh_forever(), name="sluice-host-metrics")
+
+    async def stop(self) -> None:
+        """Stop the refresh task."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _refresh_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.interval_ms / 1000)
+            try:
+                await asyncio.to_thread(self.host.refresh)
+            except Exception:
+                logger.exception("host metrics refresh failed")
+
+    async def exposition(self) -> bytes:
+        """The Prometheus text of every family, model values read from Redis now."""
+        samples = await read_versions(self._redis, self._keys)
+        families = model_families(
+            samples, time.time_ns() // 1_000_000,
+            counter_latencies=self.settings.counter_latencies,
+        )
+        return render([*families, *self.host.families()])

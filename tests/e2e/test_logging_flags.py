@@ -1,0 +1,84 @@
+"""Triton's logging flags on ``sluice serve``, the logging extension, request ids in log lines."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.http as httpclient
+from e2e_support import ROOT, start_server, stop_server
+from tritonclient.utils import InferenceServerException
+
+pytestmark = pytest.mark.e2e
+
+ISO_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ [IWE] \d+ (gateway|serve|worker \S+) ")
+
+
+def _fail(client: httpclient.InferenceServerClient, request_id: str) -> None:
+    tensor = httpclient.InferInput("X", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[-1]], np.int32))
+    with pytest.raises(InferenceServerException, match="negative input"):
+        client.infer("raiser", [tensor], request_id=request_id)
+
+
+def _lines(path: Path, needle: str, timeout_s: float = 5.0) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = [line for line in path.read_text().splitlines() if needle in line]
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+def test_log_flags_reach_gateway_and_workers(redis_url: str, tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    shutil.copytree(ROOT / "tests/assets/python_models/raiser", repo / "raiser")
+    log_file = tmp_path / "sluice.log"
+    server = start_server(
+        repo, redis_url, tmp_path / "serve.out",
+        "--log-verbose", "1", "--log-format", "ISO8601", "--log-file", str(log_file),
+    )
+    try:
+        base = server.base
+        settings = requests.get(f"{base}/v2/logging", timeout=5).json()
+        assert settings == {
+            "log_file": str(log_file), "log_info": True, "log_warning": True,
+            "log_error": True, "log_verbose_level": 1, "log_format": "ISO8601",
+        }
+        client = httpclient.InferenceServerClient(server.http_url)
+        _fail(client, "req-fail-1")
+        gateway = _lines(log_file, "client id 'req-fail-1'")
+        assert any(" gateway api.dataplane]" in line for line in gateway), gateway
+        line = next(line for line in gateway if " gateway " in line)
+        assert "model 'raiser'" in line and "INVALID_ARG: negative input" in line
+        sluice_id = re.search(r"request ([0-9a-f]{32}) ", line).group(1)
+        # the worker's lines carry the same request id (and the client's)
+        worker = _lines(log_file, sluice_id)
+        assert any(" worker raiser_" in w and "req-fail-1" in w for w in worker), worker
+        text = log_file.read_text().splitlines()
+        assert text and all(ISO_LINE.match(t) for t in text if t[:2] == "20"), text[:5]
+        assert {m.group(1).split()[0] for t in text if (m := ISO_LINE.match(t))} >= {
+            "gateway", "serve", "worker"
+        }
+
+        # the logging extension changes the gateway's logging at run time
+        answer = requests.post(
+            f"{base}/v2/logging", json={"log_info": False, "log_verbose_level": 0}, timeout=5
+        ).json()
+        assert answer["log_info"] is False and answer["log_verbose_level"] == 0
+        _fail(client, "req-fail-2")
+        requests.post(f"{base}/v2/logging", json={"log_info": True}, timeout=5)
+        _fail(client, "req-fail-3")
+        assert _lines(log_file, "client id 'req-fail-3'")
+        assert not [t for t in _lines(log_file, "req-fail-2", 0) if " gateway " in t]
+        assert requests.post(
+            f"{base}/v2/logging", json={"log_file": "/tmp/x"}, timeout=5
+        ).status_code == 501
+        client.close()
+    finally:
+        assert stop_server(server) == 0, server.log()
