@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
 
+from broker.datatypes import NUMPY_DTYPES, protocol_to_config
 from gpu_workers.backends.base import Backend, InferError, InferRequest, InstanceContext
 
 __all__ = ["WarmupError", "build_requests", "run_warmup"]
@@ -39,19 +40,9 @@ logger = logging.getLogger(__name__)
 #: ``<model_dir>/warmup/`` holds the ``input_data_file`` files (Triton kWarmupDataFolder).
 WARMUP_FOLDER = "warmup"
 
+#: config ``TYPE_*`` name -> numpy dtype of every fixed-size type (broker.datatypes' table).
 _NUMPY_TYPES: dict[str, Any] = {
-    "TYPE_BOOL": np.bool_,
-    "TYPE_UINT8": np.uint8,
-    "TYPE_UINT16": np.uint16,
-    "TYPE_UINT32": np.uint32,
-    "TYPE_UINT64": np.uint64,
-    "TYPE_INT8": np.int8,
-    "TYPE_INT16": np.int16,
-    "TYPE_INT32": np.int32,
-    "TYPE_INT64": np.int64,
-    "TYPE_FP16": np.float16,
-    "TYPE_FP32": np.float32,
-    "TYPE_FP64": np.float64,
+    protocol_to_config(name): dtype for name, dtype in NUMPY_DTYPES.items() if name != "BYTES"
 }
 
 
@@ -76,9 +67,7 @@ def _read_bytes_elements(raw: bytes, count: int, source: str) -> list[bytes]:
     offset = 0
     for index in range(count):
         if offset + 4 > len(raw):
-            raise ValueError(
-                f"{source} holds {index} BYTES element(s), the sample needs {count}"
-            )
+            raise ValueError(f"{source} holds {index} BYTES element(s), the sample needs {count}")
         (length,) = struct.unpack_from("<I", raw, offset)
         offset += 4
         if offset + length > len(raw):
@@ -94,9 +83,7 @@ def _object_array(items: Sequence[bytes], dims: Sequence[int]) -> np.ndarray:
     return array.reshape(tuple(dims))
 
 
-def sample_input(
-    name: str, spec: Any, warmup_dir: Path, rng: np.random.Generator
-) -> np.ndarray:
+def sample_input(name: str, spec: Any, warmup_dir: Path, rng: np.random.Generator) -> np.ndarray:
     """One warmup input without the batch dimension (shape ``dims``).
 
     Args:
@@ -119,9 +106,7 @@ def sample_input(
     if not is_bytes and type_name not in _NUMPY_TYPES:
         raise ValueError(f"input '{name}' has data type {type_name}, which warmup cannot fill")
     if source is None:
-        raise ValueError(
-            f"input '{name}' sets none of zero_data, random_data, input_data_file"
-        )
+        raise ValueError(f"input '{name}' sets none of zero_data, random_data, input_data_file")
     if source == "input_data_file":
         path = warmup_dir / spec.input_data_file
         if not path.is_file():
@@ -182,9 +167,7 @@ def build_requests(
         array = sample_input(name, sample.inputs[name], warmup_dir, rng)
         inputs[name] = array[np.newaxis, ...] if batching else array
     return [
-        InferRequest(
-            request_id=f"warmup-{sample.name}-{index}", client_id="", inputs=dict(inputs)
-        )
+        InferRequest(request_id=f"warmup-{sample.name}-{index}", client_id="", inputs=dict(inputs))
         for index in range(sample.batch_size)
     ]
 
@@ -209,8 +192,11 @@ def run_warmup(backend: Backend, ctx: InstanceContext, seed: int = 0) -> int:
     for sample in ctx.config.model_warmup:
         label = f"failed to run warmup sample '{sample.name}' of model '{ctx.model_name}'"
         if sample.batch_size == 0:
-            logger.info("model '%s': skipping warmup sample '%s' with batch_size 0",
-                        ctx.model_name, sample.name)
+            logger.info(
+                "model '%s': skipping warmup sample '%s' with batch_size 0",
+                ctx.model_name,
+                sample.name,
+            )
             continue
         try:
             requests = build_requests(ctx.config, sample, ctx.model_dir, rng)
@@ -229,6 +215,9 @@ def run_warmup(backend: Backend, ctx: InstanceContext, seed: int = 0) -> int:
                     raise WarmupError(f"{label}: {result.message}")
         logger.info(
             "model '%s' instance '%s': warmup sample '%s' ran %d time(s)",
-            ctx.model_name, ctx.instance_name, sample.name, max(sample.count, 1),
+            ctx.model_name,
+            ctx.instance_name,
+            sample.name,
+            max(sample.count, 1),
         )
     return calls

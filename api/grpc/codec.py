@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2
 
+from api.outputs import select_outputs
 from api.parameters import (
     UInt64,
     check_datatype,
@@ -35,7 +36,7 @@ from api.parameters import (
     shared_memory_unsupported,
 )
 from broker.datatypes import NUMPY_DTYPES, serialize_bytes
-from broker.errors import ErrorCode, SluiceError, invalid_arg
+from broker.errors import SluiceError, invalid_arg
 from broker.messages import ParameterValue, RequestedOutput, WireTensor
 
 __all__ = [
@@ -268,21 +269,7 @@ def encode_infer_response(
     Raises:
         SluiceError: INTERNAL when a requested output is missing.
     """
-    if requested:
-        by_name = {tensor.name: tensor for tensor in outputs}
-        selected = []
-        for wanted in requested:
-            tensor = by_name.get(wanted.name)
-            if tensor is None:
-                raise SluiceError(
-                    ErrorCode.INTERNAL,
-                    f"model '{model}' produced no output '{wanted.name}'",
-                    model=model,
-                    tensor=wanted.name,
-                )
-            selected.append(tensor)
-    else:
-        selected = list(outputs)
+    selected = [tensor for tensor, _ in select_outputs(model, outputs, requested)]
     response = service_pb2.ModelInferResponse(model_name=model, model_version=version, id=client_id)
     for tensor in selected:
         response.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from api.outputs import select_outputs
 from api.parameters import (
     check_datatype,
     check_request_parameters,
@@ -414,21 +415,10 @@ def encode_infer_response(
             JSON; INTERNAL when a tensor's bytes do not fit its shape or a
             requested output is missing.
     """
-    if requested:
-        by_name = {tensor.name: tensor for tensor in outputs}
-        selected: list[tuple[WireTensor, bool]] = []
-        for wanted in requested:
-            tensor = by_name.get(wanted.name)
-            if tensor is None:
-                raise SluiceError(
-                    ErrorCode.INTERNAL,
-                    f"model '{model}' produced no output '{wanted.name}'",
-                    model=model,
-                    tensor=wanted.name,
-                )
-            selected.append((tensor, wanted.binary))
-    else:
-        selected = [(tensor, binary_data_output) for tensor in outputs]
+    selected = [
+        (tensor, binary_data_output if wanted is None else wanted.binary)
+        for tensor, wanted in select_outputs(model, outputs, requested)
+    ]
 
     response: dict[str, Any] = {"model_name": model, "model_version": version}
     if client_id:
