@@ -6,6 +6,7 @@ wait for the reply until the request's deadline (MLServer ``handlers/DataPlane``
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import uuid
@@ -80,6 +81,9 @@ class DataPlane:
         self.log_settings = LogSettings.from_options(settings.log_options())
         """Triton's logging extension settings, shared by HTTP and gRPC."""
         self._producer = Producer(client)
+        #: request ids: this gateway's id + a counter, unique across gateways and cheap.
+        self._id_prefix = f"{settings.gateway_id}-"
+        self._ids = itertools.count()
 
     # -- health -----------------------------------------------------------------------------
 
@@ -217,8 +221,11 @@ class DataPlane:
                 for a model in no repository; INVALID_ARG "load failed for model 'm': ...".
         """
         await self._refuse_control()
-        await self._control(ControlCommand(uuid.uuid4().hex, "load", model,
-                                           self.router.reply_key, config_json, files or {}))
+        await self._control(
+            ControlCommand(
+                uuid.uuid4().hex, "load", model, self.router.reply_key, config_json, files or {}
+            )
+        )
 
     async def unload_model(self, model: str, unload_dependents: bool = False) -> None:
         """Triton model repository extension: unload, blocking until no version is READY.
@@ -227,9 +234,15 @@ class DataPlane:
             SluiceError: UNAVAILABLE in ``none``/``poll`` mode (Triton's text).
         """
         await self._refuse_control()
-        await self._control(ControlCommand(uuid.uuid4().hex, "unload", model,
-                                           self.router.reply_key,
-                                           unload_dependents=unload_dependents))
+        await self._control(
+            ControlCommand(
+                uuid.uuid4().hex,
+                "unload",
+                model,
+                self.router.reply_key,
+                unload_dependents=unload_dependents,
+            )
+        )
 
     async def _control(self, command: ControlCommand) -> None:
         future = self.router.expect(command.command_id)
@@ -270,8 +283,11 @@ class DataPlane:
         targets: list[tuple[str, int]] = []
         if model is None:
             for record in await self.registry.records():
-                targets.extend((record.name, v) for v, s in sorted(record.versions.items())
-                               if s.state is ModelState.READY)
+                targets.extend(
+                    (record.name, v)
+                    for v, s in sorted(record.versions.items())
+                    if s.state is ModelState.READY
+                )
         else:
             try:
                 view = await self.registry.get(model)
@@ -279,19 +295,28 @@ class DataPlane:
                 view = None
             ready = view.ready_versions() if view is not None else []
             if not ready:
-                raise SluiceError(ErrorCode.INVALID_ARG,
-                                  f"requested model '{model}' is not available", model=model)
+                raise SluiceError(
+                    ErrorCode.INVALID_ARG,
+                    f"requested model '{model}' is not available",
+                    model=model,
+                )
             if version is not None and version not in ready:
                 raise SluiceError(
                     ErrorCode.INVALID_ARG,
-                    f"requested model version is not available for model '{model}'", model=model)
+                    f"requested model version is not available for model '{model}'",
+                    model=model,
+                )
             targets = [(model, v) for v in ([version] if version is not None else ready)]
         async with self._redis.pipeline(transaction=False) as pipe:
             for name, v in targets:
                 pipe.hgetall(self._keys.stats(name, v))
             raw = await pipe.execute() if targets else []
-        return {"model_stats": [triton_model_stats(name, v, decode_stats(r))
-                                for (name, v), r in zip(targets, raw, strict=True)]}
+        return {
+            "model_stats": [
+                triton_model_stats(name, v, decode_stats(r))
+                for (name, v), r in zip(targets, raw, strict=True)
+            ]
+        }
 
     # -- inference --------------------------------------------------------------------------
 
@@ -314,7 +339,7 @@ class DataPlane:
                 validation, UNSUPPORTED for decoupled models, UNAVAILABLE "Request timeout
                 expired" past the deadline, or the error the model returned.
         """
-        request_id = uuid.uuid4().hex
+        request_id = f"{self._id_prefix}{next(self._ids):x}"
         try:
             return await self._infer(
                 request_id, model, version, client_id, inputs, outputs, parameters
@@ -322,8 +347,12 @@ class DataPlane:
         except SluiceError as exc:
             logger.info(
                 "request %s (client id '%s') to model '%s' version %s failed: %s: %s",
-                request_id, client_id, model, "-" if version is None else version,
-                exc.code.value, exc.message,
+                request_id,
+                client_id,
+                model,
+                "-" if version is None else version,
+                exc.code.value,
+                exc.message,
             )
             raise
 

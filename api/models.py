@@ -51,6 +51,7 @@ class ModelView:
     inputs: dict[str, TensorSpec]
     outputs: dict[str, TensorSpec]
     policy: DynamicBatchingPolicy
+    ready: tuple[int, ...] = ()
     fetched_at: float = field(default=0.0, compare=False)
 
     @property
@@ -70,7 +71,7 @@ class ModelView:
 
     def ready_versions(self) -> list[int]:
         """Versions in state READY, ascending."""
-        return sorted(v for v, s in self.versions.items() if s.state is ModelState.READY)
+        return list(self.ready)
 
     def resolve(self, version: int | None) -> int:
         """The version a request for ``version`` (None = policy default) runs on.
@@ -125,6 +126,7 @@ def build_view(record: ModelRecord) -> ModelView:
         inputs={t.name: _spec(t) for t in config.input},
         outputs={t.name: _spec(t) for t in config.output},
         policy=scheduling_policy(config),
+        ready=tuple(sorted(v for v, s in record.versions.items() if s.state is ModelState.READY)),
         fetched_at=time.monotonic(),
     )
 
