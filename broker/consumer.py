@@ -30,13 +30,15 @@ logger = logging.getLogger(__name__)
 REPLY_TTL_S = 300
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Delivery:
     """One stream entry handed to this instance."""
 
     stream: str
     entry_id: bytes
     message: InferRequestMessage
+    deliveries: int = 1
+    """How many times an instance was handed this entry (> 1 after a crash)."""
 
 
 class StreamConsumer:
@@ -75,27 +77,35 @@ class StreamConsumer:
         return self._decode(reply)
 
     def read_own_pending(self, count: int = 1000) -> list[Delivery]:
-        """Entries this consumer name was given but never acknowledged (a restarted instance)."""
-        reply = self._redis.xreadgroup(
-            WORKER_GROUP, self.consumer, dict.fromkeys(self.streams, "0"), count=count
-        )
-        return self._decode(reply)
+        """Entries this consumer name was given but never acknowledged (a restarted instance).
+
+        They are re-claimed (``XCLAIM``), which counts one more delivery, so an entry that
+        kills its instance every time is noticed (:attr:`Delivery.deliveries`).
+        """
+        return self._claim_pending(self.consumer, 0, count)
 
     def claim_from(self, dead: str, min_idle_ms: int, count: int = 1000) -> list[Delivery]:
         """Claim the pending entries of consumer ``dead`` that have been idle ≥ ``min_idle_ms``."""
+        claimed = self._claim_pending(dead, min_idle_ms, count)
+        if claimed:
+            logger.warning("claimed %d entries of dead instance %s", len(claimed), dead)
+        return claimed
+
+    def _claim_pending(self, owner: str, min_idle_ms: int, count: int) -> list[Delivery]:
         claimed: list[Delivery] = []
         for stream in self.streams:
             pending = self._redis.xpending_range(
-                stream, WORKER_GROUP, min="-", max="+", count=count, consumername=dead
+                stream, WORKER_GROUP, min="-", max="+", count=count, consumername=owner
             )
-            ids = [p["message_id"] for p in pending]
-            if not ids:
+            if not pending:
                 continue
-            entries = self._redis.xclaim(stream, WORKER_GROUP, self.consumer, min_idle_ms, ids)
-            claimed.extend(self._decode([[stream.encode(), entries]]))
-            logger.warning(
-                "claimed %d entries of dead instance %s on %s", len(entries), dead, stream
+            times = {p["message_id"]: int(p["times_delivered"]) for p in pending}
+            entries = self._redis.xclaim(
+                stream, WORKER_GROUP, self.consumer, min_idle_ms, list(times)
             )
+            for delivery in self._decode([[stream.encode(), entries]]):
+                delivery.deliveries = times.get(delivery.entry_id, 0) + 1
+                claimed.append(delivery)
         return claimed
 
     def finish(

@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 #: longest single blocking read, in ms, so a stop request is seen quickly.
 HEARTBEAT_MS = 200
+#: an entry handed out more often than this (its instance died each time) is failed.
+MAX_DELIVERIES = 2
 #: longest local sleep between two non-blocking reads inside a delay window, in ns.
 POLL_NS = 500_000
 
@@ -158,6 +160,17 @@ class InstanceLoop:
             message = delivery.message
             if message.request_id in self._held:  # claimed twice; keep the first
                 continue
+            if delivery.deliveries > MAX_DELIVERIES:
+                refused.append(
+                    (
+                        delivery,
+                        "INTERNAL",
+                        f"model '{self._model}': an instance exited while running this "
+                        f"request ({delivery.deliveries - 1} attempts); not running it "
+                        "again",
+                    )
+                )
+                continue
             shapes = {t.name: t.shape for t in message.inputs}
             batch_size = 0
             if self._batching and message.inputs:
@@ -212,7 +225,11 @@ class InstanceLoop:
         for delivery, code, text in failures:
             logger.debug(
                 "request %s (client id '%s') of model '%s' failed: %s: %s",
-                delivery.message.request_id, delivery.message.client_id, self._model, code, text,
+                delivery.message.request_id,
+                delivery.message.client_id,
+                self._model,
+                code,
+                text,
             )
             delta.failure(
                 request_ns=now - delivery.message.enqueued_ns, reason=_REASONS.get(code, "OTHER")
@@ -252,8 +269,12 @@ class InstanceLoop:
             )
         runnable = [r for i, r in enumerate(requests) if i not in decode_errors]
         if logger.isEnabledFor(logging.DEBUG):
-            logger.debug("model '%s': executing %d request(s): %s", self._model, len(runnable),
-                         ", ".join(f"{r.request_id} (client id '{r.client_id}')" for r in runnable))
+            logger.debug(
+                "model '%s': executing %d request(s): %s",
+                self._model,
+                len(runnable),
+                ", ".join(f"{r.request_id} (client id '{r.client_id}')" for r in runnable),
+            )
         input_done = self._clock()
         results = self._run_backend(runnable)
         infer_done = self._clock()
@@ -275,8 +296,11 @@ class InstanceLoop:
                 # Triton: an error the model (backend) returned counts as reason BACKEND.
                 failures.append((item, "BACKEND"))
                 logger.debug(
-                    "request %s (client id '%s') of model '%s' failed: %s: %s", request_id,
-                    item.delivery.message.client_id, self._model, answer.error.code,
+                    "request %s (client id '%s') of model '%s' failed: %s: %s",
+                    request_id,
+                    item.delivery.message.client_id,
+                    self._model,
+                    answer.error.code,
                     answer.error.message,
                 )
         done = self._clock()

@@ -106,6 +106,18 @@ def directory_fingerprint(model_dir: Path) -> str:
     return digest.hexdigest()
 
 
+def _unsupported_feature(config: ModelConfig) -> str:
+    """The first config feature Sluice cannot serve yet ("" when none); refused at load
+    rather than accepted and silently ignored."""
+    if config.platform == "ensemble" or config.HasField("ensemble_scheduling"):
+        return "the ensemble scheduler (platform 'ensemble')"
+    if config.HasField("sequence_batching"):
+        return "the sequence batcher (sequence_batching)"
+    if config.model_transaction_policy.decoupled:
+        return "a decoupled model_transaction_policy"
+    return ""
+
+
 class LoadError(SluiceError):
     """A load or unload that failed; ``code`` and message are what the client sees."""
 
@@ -200,6 +212,8 @@ class ModelManager:
         if model is None:
             return
         self._finish_load(model, previous)
+        if model.temp_dir is not None:
+            self.scan()  # a model sent with the request joins the repository index
 
     def _source(
         self, name: str, scan: ScanResult, files: dict[str, bytes], config_json: str
@@ -271,6 +285,14 @@ class ModelManager:
             raise LoadError(
                 ErrorCode.INVALID_ARG, f"load failed for model '{name}': {reason}", model=name
             ) from exc
+        unsupported = _unsupported_feature(loaded.config)
+        if unsupported:
+            reason = f"{unsupported} is not supported by Sluice yet"
+            self._record_failure(name, source, previous, reason, fingerprint)
+            if temp is not None:
+                shutil.rmtree(temp, ignore_errors=True)
+            raise LoadError(ErrorCode.INVALID_ARG, f"load failed for model '{name}': {reason}",
+                            model=name)
         generation = previous.generation + 1 if previous is not None else 1
         model = LoadedModel(
             name,

@@ -56,7 +56,7 @@ def test_log_flags_reach_gateway_and_workers(redis_url: str, tmp_path: Path) -> 
         assert any(" gateway api.dataplane]" in line for line in gateway), gateway
         line = next(line for line in gateway if " gateway " in line)
         assert "model 'raiser'" in line and "INVALID_ARG: negative input" in line
-        sluice_id = re.search(r"request ([0-9a-f]{32}) ", line).group(1)
+        sluice_id = re.search(r"request ([0-9a-f]+-[0-9a-f]+) ", line).group(1)
         # the worker's lines carry the same request id (and the client's)
         worker = _lines(log_file, sluice_id)
         assert any(" worker raiser_" in w and "req-fail-1" in w for w in worker), worker

@@ -106,8 +106,12 @@ def test_grpc_load_and_unload(explicit_server: Server) -> None:
     assert client.get_model_metadata("versioned").versions == ["1", "2"]
     client.unload_model("versioned")
     index = _index(httpclient.InferenceServerClient(explicit_server.http_url))
-    assert index[("versioned", "1")] == {"name": "versioned", "version": "1",
-                                         "state": "UNAVAILABLE", "reason": "unloaded"}
+    assert index[("versioned", "1")] == {
+        "name": "versioned",
+        "version": "1",
+        "state": "UNAVAILABLE",
+        "reason": "unloaded",
+    }
     with pytest.raises(InferenceServerException) as info:
         client.load_model("nope")
     assert info.value.status() == "StatusCode.INTERNAL"
@@ -334,10 +338,14 @@ def test_poll_mode_follows_the_repository(
 def test_failed_reload_keeps_the_old_model(explicit_server: Server) -> None:
     client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
     client.load_model("batch_scale")
-    bad = {"name": "batch_scale", "backend": "onnxruntime", "max_batch_size": 4,
-           "input": [{"name": "NOPE", "data_type": "TYPE_FP32", "dims": [4]}],
-           "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
-           "instance_group": [{"kind": "KIND_CPU", "count": 1}]}
+    bad = {
+        "name": "batch_scale",
+        "backend": "onnxruntime",
+        "max_batch_size": 4,
+        "input": [{"name": "NOPE", "data_type": "TYPE_FP32", "dims": [4]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+        "instance_group": [{"kind": "KIND_CPU", "count": 1}],
+    }
     with pytest.raises(InferenceServerException) as info:
         client.load_model("batch_scale", config=json.dumps(bad))
     assert info.value.status() == "400"
@@ -345,12 +353,13 @@ def test_failed_reload_keeps_the_old_model(explicit_server: Server) -> None:
     assert "NOPE" in info.value.message()
     assert client.get_model_config("batch_scale")["max_batch_size"] == 16  # the old config
     assert client.infer("batch_scale", _scale_input(2.0)).as_numpy("OUTPUT0").tolist() == [
-        [6.0] * 4]
+        [6.0] * 4
+    ]
     assert _index(client)[("batch_scale", "1")]["state"] == "READY"
     client.unload_model("batch_scale")
 
 
-SLOW_INIT = '''
+SLOW_INIT = """
 import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -363,11 +372,12 @@ class TritonPythonModel:
     def execute(self, requests):
         return [pb_utils.InferenceResponse([pb_utils.Tensor(
             "Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())]) for r in requests]
-'''
+"""
 
 
-def test_not_ready_while_startup_models_load(model_repository: Path, redis_url: str,
-                                            tmp_path: Path) -> None:
+def test_not_ready_while_startup_models_load(
+    model_repository: Path, redis_url: str, tmp_path: Path
+) -> None:
     repo = tmp_path / "repo"
     shutil.copytree(model_repository / "add_sub", repo / "add_sub")
     (repo / "slow_init/1").mkdir(parents=True)
@@ -375,7 +385,8 @@ def test_not_ready_while_startup_models_load(model_repository: Path, redis_url: 
     (repo / "slow_init/config.pbtxt").write_text(
         'backend: "python"\nmax_batch_size: 0\n'
         'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
-        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n')
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+    )
     server = start_server(repo, redis_url, tmp_path / "serve.log", wait_ready=False)
     try:
         client = httpclient.InferenceServerClient(server.http_url)
@@ -397,3 +408,65 @@ def test_not_ready_while_startup_models_load(model_repository: Path, redis_url: 
         assert client.is_model_ready("slow_init")
     finally:
         assert stop_server(server) == 0, server.log()
+
+
+@pytest.mark.parametrize(
+    ("extra", "feature"),
+    [
+        (
+            {
+                "platform": "ensemble",
+                "ensemble_scheduling": {
+                    "step": [
+                        {
+                            "model_name": "add_sub",
+                            "model_version": -1,
+                            "input_map": {"INPUT0": "A", "INPUT1": "B"},
+                            "output_map": {"OUTPUT0": "C"},
+                        }
+                    ]
+                },
+                "input": [
+                    {"name": "A", "data_type": "TYPE_FP32", "dims": [16]},
+                    {"name": "B", "data_type": "TYPE_FP32", "dims": [16]},
+                ],
+                "output": [{"name": "C", "data_type": "TYPE_FP32", "dims": [16]}],
+            },
+            "ensemble",
+        ),
+        ({"sequence_batching": {}}, "sequence batcher"),
+    ],
+)
+def test_unsupported_schedulers_are_refused_at_load(
+    explicit_server: Server, extra: dict, feature: str
+) -> None:
+    client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
+    config = {
+        "name": "add_sub",
+        "backend": "onnxruntime",
+        "max_batch_size": 8,
+        "input": [
+            {"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [16]},
+            {"name": "INPUT1", "data_type": "TYPE_FP32", "dims": [16]},
+        ],
+        "output": [
+            {"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [16]},
+            {"name": "OUTPUT1", "data_type": "TYPE_FP32", "dims": [16]},
+        ],
+        "instance_group": [{"kind": "KIND_CPU", "count": 1}],
+    }
+    if feature == "ensemble":
+        config = {"name": "ens", "max_batch_size": 8, **extra}
+        name = "ens"
+        with pytest.raises(InferenceServerException) as info:
+            client.load_model(name, config=json.dumps(config), files={"file:1/.keep": b""})
+    else:
+        config.update(extra)
+        with pytest.raises(InferenceServerException) as info:
+            client.load_model("add_sub", config=json.dumps(config))
+    assert info.value.status() == "400"
+    assert (
+        f"{feature}" in info.value.message()
+        and "not supported by Sluice yet" in info.value.message()
+    )
+    assert client.is_model_ready("add_sub")  # the old add_sub still serves

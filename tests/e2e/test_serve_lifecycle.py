@@ -6,10 +6,12 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import requests
 import tritonclient.http as httpclient
 from e2e_support import children_of, start_server, stop_server
+from tritonclient.utils import InferenceServerException
 
 from broker.redis_server import start_private_redis
 
@@ -88,8 +90,10 @@ def test_broken_models_reported_while_others_serve(model_repository, redis_url, 
             or "protobuf" in states["broken"]["reason"].lower()
         ), states["broken"]
         assert states["mismatch"]["state"] == "UNAVAILABLE"
-        assert "input 'INPUT0' has shape [-1,16] in the ONNX model but the configuration " \
-            "specifies [-1,3]" in states["mismatch"]["reason"], states["mismatch"]
+        assert (
+            "input 'INPUT0' has shape [-1,16] in the ONNX model but the configuration "
+            "specifies [-1,3]" in states["mismatch"]["reason"]
+        ), states["mismatch"]
         assert states["badconfig"]["state"] == "UNAVAILABLE"
         assert "bogus" in states["badconfig"]["reason"]
         assert client.is_server_live()
@@ -131,3 +135,58 @@ def test_private_redis_when_none_answers(model_repository, tmp_path) -> None:
     finally:
         process.terminate()
         process.wait(10)
+
+
+CRASHER = """
+import os
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            if (x == 5).any():
+                os._exit(3)  # stands in for a segfault in user code
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x)]))
+        return responses
+"""
+
+
+def test_request_that_kills_its_instance_is_failed_not_retried_forever(
+    model_repository, redis_url, tmp_path
+) -> None:
+    repo = tmp_path / "repo"
+    (repo / "crasher/1").mkdir(parents=True)
+    (repo / "crasher/1/model.py").write_text(CRASHER)
+    (repo / "crasher/config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 4\n'
+        'input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
+    )
+    server = start_server(repo, redis_url, tmp_path / "serve.log")
+    try:
+        client = httpclient.InferenceServerClient(
+            server.http_url, network_timeout=60, concurrency=4
+        )
+
+        def tensor(value: int) -> list[httpclient.InferInput]:
+            t = httpclient.InferInput("X", [1, 1], "INT32")
+            t.set_data_from_numpy(np.array([[value]], np.int32))
+            return [t]
+
+        started = time.monotonic()
+        poison = client.async_infer("crasher", tensor(5))
+        time.sleep(1.0)
+        normal = [client.async_infer("crasher", tensor(v)) for v in (1, 2, 3)]
+        with pytest.raises(InferenceServerException) as info:
+            poison.get_result(timeout=60)
+        assert info.value.status() == "500"
+        assert "an instance exited while running this request" in info.value.message()
+        for value, request in zip((1, 2, 3), normal, strict=True):
+            assert request.get_result(timeout=60).as_numpy("Y").tolist() == [[value]]
+        assert time.monotonic() - started < 40  # well before the 60 s request deadline
+    finally:
+        assert stop_server(server) == 0, server.log()
