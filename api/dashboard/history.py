@@ -9,8 +9,6 @@ consecutive readings of the shared counters, so every gateway plots the same.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -21,6 +19,7 @@ import redis.asyncio
 import redis.exceptions
 
 from api.metrics.snapshot import VersionSample, read_versions
+from api.periodic import Periodic
 from broker.keys import KeySchema
 
 __all__ = ["DashboardHistory", "Point"]
@@ -72,29 +71,17 @@ class DashboardHistory:
     keep_s: float = 600.0
     _series: dict[tuple[str, int], _Series] = field(default_factory=dict)
     _latest: list[VersionSample] = field(default_factory=list)
-    _task: asyncio.Task[None] | None = None
+    _timer: Periodic | None = None
 
     async def start(self) -> None:
         """Start sampling."""
-        self._task = asyncio.create_task(self._sample_forever(), name="sluice-dashboard")
+        self._timer = Periodic("sluice-dashboard", self.interval_s, self.sample)
+        self._timer.start()
 
     async def stop(self) -> None:
         """Stop sampling."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def _sample_forever(self) -> None:
-        while True:
-            try:
-                await self.sample()
-            except redis.exceptions.RedisError as exc:
-                logger.warning("dashboard sample failed: %s", exc)
-            except Exception:
-                logger.exception("dashboard sample failed")
-            await asyncio.sleep(self.interval_s)
+        if self._timer is not None:
+            await self._timer.stop()
 
     async def sample(self, now_ms: int | None = None) -> None:
         """Read every version once and extend the series."""
@@ -163,5 +150,9 @@ class DashboardHistory:
                     ],
                 }
             )
-        return {"now_ms": now, "interval_s": self.interval_s, "window_s": self.keep_s,
-                "models": models}
+        return {
+            "now_ms": now,
+            "interval_s": self.interval_s,
+            "window_s": self.keep_s,
+            "models": models,
+        }

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
@@ -13,6 +12,7 @@ from api.metrics.exposition import render
 from api.metrics.families import model_families
 from api.metrics.host import HostSampler
 from api.metrics.snapshot import read_versions
+from api.periodic import Periodic
 from api.settings import MetricsSettings
 from broker.keys import KeySchema
 
@@ -37,7 +37,9 @@ class MetricsService:
         self._redis = client
         self._keys = keys
         self.host = HostSampler(cpu=settings.cpu, gpu=settings.gpu)
-        self._task: asyncio.Task[None] | None = None
+        self._timer = Periodic(
+            "sluice-host-metrics", settings.interval_ms / 1000, self._refresh_host
+        )
         if settings.summary_latencies or settings.histogram_latencies:
             logger.warning(
                 "--metrics-config summary_latencies / histogram_latencies are accepted but "
@@ -48,30 +50,21 @@ class MetricsService:
         """Take a first host reading and refresh it every ``interval_ms``."""
         if not (self.settings.cpu or self.settings.gpu):
             return
-        await asyncio.to_thread(self.host.refresh)
-        self._task = asyncio.create_task(self._refresh_forever(), name="sluice-host-metrics")
+        self._timer.start()
 
     async def stop(self) -> None:
         """Stop the refresh task."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._timer.stop()
 
-    async def _refresh_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.interval_ms / 1000)
-            try:
-                await asyncio.to_thread(self.host.refresh)
-            except Exception:
-                logger.exception("host metrics refresh failed")
+    async def _refresh_host(self) -> None:
+        await asyncio.to_thread(self.host.refresh)
 
     async def exposition(self) -> bytes:
         """The Prometheus text of every family, model values read from Redis now."""
         samples = await read_versions(self._redis, self._keys)
         families = model_families(
-            samples, time.time_ns() // 1_000_000,
+            samples,
+            time.time_ns() // 1_000_000,
             counter_latencies=self.settings.counter_latencies,
         )
         return render([*families, *self.host.families()])
