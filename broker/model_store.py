@@ -87,10 +87,6 @@ class ModelStore:
         """Record the state of one version."""
         self._redis.hset(self._keys.state(model), str(version), state.to_json())
 
-    def clear_states(self, model: str) -> None:
-        """Forget every version state of ``model``."""
-        self._redis.delete(self._keys.state(model))
-
     def get(self, model: str) -> ModelRecord:
         """Config and version states of ``model`` (empty if Redis knows nothing)."""
         pipe = self._redis.pipeline()
@@ -111,10 +107,6 @@ class ModelStore:
     def forget_instances(self, model: str, version: int, names: list[str]) -> None:
         """Remove the records of instances that no longer run."""
         self._redis.hdel(self._keys.instances(model, version), *names)
-
-    def clear_instances(self, model: str, version: int) -> None:
-        """Forget the instances of one model version."""
-        self._redis.delete(self._keys.instances(model, version))
 
     def set_server(self, **fields: str) -> None:
         """Set server-wide facts (e.g. ``startup="done"``)."""

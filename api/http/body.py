@@ -1,34 +1,11 @@
-"""Reading request bodies with a size bound, and HTTP compression (PROTOCOL.md 1.15)."""
+"""HTTP compression of request and response bodies (PROTOCOL.md 1.15)."""
 
 from __future__ import annotations
 
 import gzip
 import zlib
 
-from starlette.requests import Request
-
 from broker.errors import ErrorCode, SluiceError, invalid_arg
-
-
-async def read_body(request: Request, limit_bytes: int) -> bytes:
-    """The request body, refused with INVALID_ARG once it passes ``limit_bytes``.
-
-    Raises:
-        SluiceError: INVALID_ARG naming the size and the limit.
-    """
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
-        raise invalid_arg(
-            f"request body of {declared} bytes exceeds the limit of {limit_bytes} bytes"
-        )
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit_bytes:
-            raise invalid_arg(f"request body exceeds the limit of {limit_bytes} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def decompress(body: bytes, encoding: str | None, limit_bytes: int) -> bytes:
