@@ -25,6 +25,7 @@ from api.settings import GatewaySettings
 from broker.errors import SluiceError
 from broker.keys import KeySchema
 from broker.model_store import AsyncModelStore
+from broker.multiplex import MultiplexedConnection
 from broker.replies import ReplyRouter
 
 logger = logging.getLogger(__name__)
@@ -43,11 +44,12 @@ def connect(settings: GatewaySettings) -> redis.asyncio.Redis:
 
 
 def build_dataplane(settings: GatewaySettings, client: redis.asyncio.Redis) -> DataPlane:
-    """Wire a :class:`DataPlane` for this gateway process (router not yet started)."""
+    """Wire a :class:`DataPlane` for this gateway process (router and connection not started)."""
     keys = KeySchema(settings.redis.key_prefix)
     registry = ModelRegistry(AsyncModelStore(client, keys), settings.model_cache_s)
-    router = ReplyRouter(client, keys.reply(settings.gateway_id))
-    return DataPlane(settings, client, registry, router)
+    router = ReplyRouter(settings.redis.url, keys.reply(settings.gateway_id))
+    connection = MultiplexedConnection(settings.redis.url, settings.redis.socket_timeout_s)
+    return DataPlane(settings, client, registry, router, connection)
 
 
 async def _sluice_error(_request: Request, exc: Exception) -> Response:

@@ -25,6 +25,7 @@ from broker.errors import ErrorCode, SluiceError
 from broker.keys import KeySchema
 from broker.messages import InferRequestMessage, ParameterValue, RequestedOutput, WireTensor
 from broker.model_store import ModelState
+from broker.multiplex import MultiplexedConnection
 from broker.producer import QUEUE_FULL, Producer
 from broker.replies import ReplyRouter
 from broker.scheduling import StreamLayout
@@ -63,6 +64,8 @@ class DataPlane:
         client: the gateway's Redis client.
         registry: cached model views.
         router: this gateway's reply router (already started).
+        connection: the multiplexed connection requests are queued through (started
+            with the router).
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class DataPlane:
         client: redis.asyncio.Redis,
         registry: ModelRegistry,
         router: ReplyRouter,
+        connection: MultiplexedConnection,
     ) -> None:
         self.settings = settings
         self.registry = registry
@@ -80,7 +84,8 @@ class DataPlane:
         self._timeout_ns = int(settings.request_timeout_s * 1e9)
         self.log_settings = LogSettings.from_options(settings.log_options())
         """Triton's logging extension settings, shared by HTTP and gRPC."""
-        self._producer = Producer(client)
+        self.connection = connection
+        self._producer = Producer(connection)
         #: request ids: this gateway's id + a counter, unique across gateways and cheap.
         self._id_prefix = f"{settings.gateway_id}-"
         self._ids = itertools.count()

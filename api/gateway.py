@@ -129,6 +129,7 @@ async def serve_gateway(settings: GatewaySettings) -> None:
                 date_header=False,
             )
         )
+    await dataplane.connection.start()
     await dataplane.router.start()
     if grpc_front is not None:
         await grpc_front.start()
@@ -143,6 +144,7 @@ async def serve_gateway(settings: GatewaySettings) -> None:
         http="httptools",
         lifespan="off",
         access_log=settings.log_verbose > 0,
+        proxy_headers=False,
         log_level="debug" if settings.log_verbose > 1 else "warning",
         timeout_graceful_shutdown=10,
         server_header=False,
@@ -192,6 +194,7 @@ async def serve_gateway(settings: GatewaySettings) -> None:
         elif grpc_front is not None:
             await grpc_front.stop(10.0)
         await dataplane.router.stop()
+        await dataplane.connection.stop()
         await client.aclose()
 
 

@@ -11,17 +11,19 @@ one (``XCLAIM``) once the dead instance's heartbeat is older than a bound.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import redis
 import redis.exceptions
-from redis.client import Pipeline
 
 from broker.codec import CodecError, decode_request, encode_response
+from broker.direct import DirectConnection
 from broker.keys import WORKER_GROUP
 from broker.messages import InferRequestMessage, InferResponseMessage
 from broker.producer import PAYLOAD_FIELD
+from broker.scripts import ACK_AND_COUNT, PUSH_REPLIES
+from broker.stats_store import StatsDelta
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +46,10 @@ class Delivery:
 class StreamConsumer:
     """Reads a model version's streams as one consumer of the instance group.
 
+    Reads and finishes go through a :class:`DirectConnection` of their own (one
+    thread, the instance loop, uses them); recovery (``XPENDING``/``XCLAIM``) uses the
+    client.
+
     Args:
         client: a synchronous Redis client (RESP2 replies, bytes).
         streams: the version's stream keys, highest priority first.
@@ -52,8 +58,10 @@ class StreamConsumer:
 
     def __init__(self, client: redis.Redis, streams: Sequence[str], consumer: str) -> None:
         self._redis = client
+        self._direct = DirectConnection(client)
         self.streams = list(streams)
         self.consumer = consumer
+        self._stream_args = [*self.streams, *(">" for _ in self.streams)]
 
     def ensure_groups(self) -> None:
         """Create the consumer group (and stream) of every stream if missing."""
@@ -67,13 +75,11 @@ class StreamConsumer:
             count: most entries per stream.
             block_ms: wait at most this long (≥ 1 ms) for an entry; ``None`` = do not wait.
         """
-        reply = self._redis.xreadgroup(
-            WORKER_GROUP,
-            self.consumer,
-            dict.fromkeys(self.streams, ">"),
-            count=count,
-            block=None if block_ms is None else max(1, block_ms),
-        )
+        block = () if block_ms is None else ("BLOCK", max(1, block_ms))
+        reply = self._direct.call(
+            "XREADGROUP", "GROUP", WORKER_GROUP, self.consumer, "COUNT", count, *block,
+            "STREAMS", *self._stream_args,
+        )  # fmt: skip
         return self._decode(reply)
 
     def read_own_pending(self, count: int = 1000) -> list[Delivery]:
@@ -112,22 +118,48 @@ class StreamConsumer:
         self,
         responses: Sequence[tuple[str, InferResponseMessage]],
         entries: Sequence[Delivery],
-        extra: Callable[[Pipeline], None] | None = None,
+        stats_key: str = "",
+        delta: StatsDelta | None = None,
     ) -> None:
-        """Push each ``(reply_key, response)``, XACK + XDEL ``entries``, run ``extra``: one trip."""
-        pipe = self._redis.pipeline(transaction=False)
+        """Push each ``(reply_key, response)``, XACK + XDEL ``entries``, add ``delta``.
+
+        One round trip: one ``PUSH_REPLIES`` script per reply list and one
+        ``ACK_AND_COUNT`` script for the entries and the statistics hash ``stats_key``.
+
+        Raises:
+            redis.exceptions.RedisError: Redis unreachable or a script failed.
+        """
+        by_reply: dict[str, list[bytes]] = {}
         for reply_key, response in responses:
-            pipe.rpush(reply_key, encode_response(response))
-            pipe.expire(reply_key, REPLY_TTL_S)
+            by_reply.setdefault(reply_key, []).append(encode_response(response))
+        commands = [
+            PUSH_REPLIES.command([key], [REPLY_TTL_S, *payloads])
+            for key, payloads in by_reply.items()
+        ]
         by_stream: dict[str, list[bytes]] = {}
         for delivery in entries:
             by_stream.setdefault(delivery.stream, []).append(delivery.entry_id)
-        for stream, ids in by_stream.items():
-            pipe.xack(stream, WORKER_GROUP, *ids)
-            pipe.xdel(stream, *ids)
-        if extra is not None:
-            extra(pipe)
-        pipe.execute()
+        counters = delta.counter_args() if delta is not None else []
+        if by_stream or counters:
+            args: list[object] = [
+                WORKER_GROUP,
+                len(counters) // 2,
+                delta.last_inference_ms if delta is not None else 0,
+                *counters,
+            ]
+            for ids in by_stream.values():
+                args.append(len(ids))
+                args.extend(ids)
+            # no counters: KEYS[1] is never written; any key of the slot will do
+            key = stats_key or next(iter(by_stream))
+            commands.append(ACK_AND_COUNT.command([key, *by_stream], args))
+        for reply in self._direct.pipeline(commands):
+            if isinstance(reply, redis.exceptions.ResponseError):
+                raise reply
+
+    def close(self) -> None:
+        """Close the direct connection."""
+        self._direct.close()
 
     def _decode(self, reply: object) -> list[Delivery]:
         deliveries: list[Delivery] = []
@@ -138,7 +170,7 @@ class StreamConsumer:
                 if fields is None:  # deleted while pending
                     continue
                 try:
-                    message = decode_request(fields[PAYLOAD_FIELD])
+                    message = decode_request(_payload(fields))
                 except (CodecError, KeyError):
                     logger.exception("dropping undecodable entry %s on %s", entry_id, stream)
                     bad.append(Delivery(stream, entry_id, None))  # type: ignore[arg-type]
@@ -156,3 +188,14 @@ def ensure_group(client: redis.Redis, stream: str) -> None:
     except redis.exceptions.ResponseError as exc:
         if "BUSYGROUP" not in str(exc):
             raise
+
+
+def _payload(fields: object) -> bytes:
+    """The request bytes of an entry's fields: a raw ``[name, value, …]`` list or a dict."""
+    if isinstance(fields, dict):
+        return fields[PAYLOAD_FIELD]
+    items = iter(fields)  # type: ignore[call-overload]
+    for name, value in zip(items, items, strict=False):
+        if name == PAYLOAD_FIELD:
+            return value
+    raise KeyError(PAYLOAD_FIELD)

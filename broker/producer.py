@@ -1,50 +1,38 @@
 """Queueing requests onto a model version's stream (gateway side).
 
 ``max_queue_size`` (Triton ``ModelQueuePolicy``) is enforced at ``XADD`` time by
-a Lua script, atomically: a request is refused when the stream already holds
-that many entries that no instance has taken yet (stream length minus the
-consumer group's pending count).
+a Lua script (``broker.scripts.BOUNDED_XADD``), atomically: a request is refused
+when the stream already holds that many entries that no instance has taken yet
+(stream length minus the consumer group's pending count).
 """
 
 from __future__ import annotations
 
-import redis.asyncio
 import redis.exceptions
 
 from broker.codec import encode_request
 from broker.errors import ErrorCode, SluiceError
 from broker.keys import WORKER_GROUP
 from broker.messages import InferRequestMessage
+from broker.multiplex import MultiplexedConnection
+from broker.scripts import BOUNDED_XADD
 
 #: stream entry field that holds the encoded request.
 PAYLOAD_FIELD = b"m"
 
 QUEUE_FULL = "Exceeds maximum queue size"
 
-_BOUNDED_XADD = """
-local max = tonumber(ARGV[1])
-local len = redis.call('XLEN', KEYS[1])
-if len >= max then
-  local ok, pending = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[2])
-  local taken = 0
-  if ok and pending then taken = pending[1] end
-  if len - taken >= max then return 0 end
-end
-redis.call('XADD', KEYS[1], '*', 'm', ARGV[3])
-return 1
-"""
-
 
 class Producer:
     """Puts requests on streams; one per gateway process.
 
     Args:
-        client: the gateway's Redis client.
+        connection: the gateway's multiplexed connection (``XADD`` of concurrent
+            requests share writes).
     """
 
-    def __init__(self, client: redis.asyncio.Redis) -> None:
-        self._redis = client
-        self._bounded = client.register_script(_BOUNDED_XADD)
+    def __init__(self, connection: MultiplexedConnection) -> None:
+        self._connection = connection
 
     async def enqueue(
         self, stream: str, message: InferRequestMessage, max_queue_size: int = 0
@@ -58,14 +46,16 @@ class Producer:
 
         Raises:
             SluiceError: UNAVAILABLE "Exceeds maximum queue size" when full, or when
-                Redis cannot be reached.
+                Redis cannot be reached or does not answer.
         """
         payload = encode_request(message)
         try:
             if max_queue_size <= 0:
-                await self._redis.xadd(stream, {PAYLOAD_FIELD: payload})
+                await self._connection.call("XADD", stream, "*", PAYLOAD_FIELD, payload)
                 return
-            added = await self._bounded(keys=[stream], args=[max_queue_size, WORKER_GROUP, payload])
+            added = await self._connection.script(
+                BOUNDED_XADD, [stream], [max_queue_size, WORKER_GROUP, payload]
+            )
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             raise SluiceError(
                 ErrorCode.UNAVAILABLE,

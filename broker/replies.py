@@ -33,12 +33,14 @@ class ReplyRouter:
     """Resolves response futures of one gateway process.
 
     Args:
-        client: the gateway's Redis client (the reader holds one pooled connection).
+        url: Redis URL; the reader holds a connection of its own (it blocks in ``BLMPOP``).
         reply_key: this gateway's reply list.
     """
 
-    def __init__(self, client: redis.asyncio.Redis, reply_key: str) -> None:
-        self._redis = client
+    def __init__(self, url: str, reply_key: str) -> None:
+        self._pool = redis.asyncio.ConnectionPool.from_url(
+            url, protocol=2, socket_timeout=_POP_BLOCK_S + 5, socket_connect_timeout=5
+        )
         self.reply_key = reply_key
         self._waiting: dict[str, asyncio.Future[InferResponseMessage]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -59,6 +61,7 @@ class ReplyRouter:
             if not future.done():
                 future.set_exception(SluiceError(ErrorCode.UNAVAILABLE, "Server exiting"))
         self._waiting.clear()
+        await self._pool.disconnect()
 
     def expect(self, request_id: str) -> asyncio.Future[InferResponseMessage]:
         """Register interest in ``request_id`` before the request is queued."""
@@ -87,12 +90,21 @@ class ReplyRouter:
             self._waiting.pop(request_id, None)
 
     async def _read_forever(self) -> None:
+        conn = self._pool.make_connection()
+        try:
+            await self._pop_forever(conn)
+        finally:
+            await conn.disconnect(nowait=True)
+
+    async def _pop_forever(self, conn: redis.asyncio.Connection) -> None:
         backoff_s = 0.05
+        command = conn.pack_command(
+            "BLMPOP", _POP_BLOCK_S, 1, self.reply_key, "LEFT", "COUNT", _POP_COUNT
+        )
         while True:
             try:
-                popped = await self._redis.blmpop(
-                    _POP_BLOCK_S, 1, self.reply_key, direction="LEFT", count=_POP_COUNT
-                )
+                await conn.send_packed_command(command, check_health=False)
+                popped = await conn.read_response()
                 backoff_s = 0.05
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
                 logger.warning("reply reader lost Redis (%s); retrying in %.2fs", exc, backoff_s)

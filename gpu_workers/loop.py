@@ -234,9 +234,7 @@ class InstanceLoop:
             delta.failure(
                 request_ns=now - delivery.message.enqueued_ns, reason=_REASONS.get(code, "OTHER")
             )
-        self._consumer.finish(
-            replies, [d for d, _, _ in failures], lambda pipe: delta.apply(pipe, self._stats_key)
-        )
+        self._consumer.finish(replies, [d for d, _, _ in failures], self._stats_key, delta)
 
     # -- execution ---------------------------------------------------------------------------
 
@@ -327,7 +325,8 @@ class InstanceLoop:
         self._consumer.finish(
             [(h.delivery.message.reply_to, a) for h, a in zip(held, answers, strict=True)],
             [h.delivery for h in held],
-            lambda pipe: delta.apply(pipe, self._stats_key),
+            self._stats_key,
+            delta,
         )
 
     def _run_backend(self, requests: list[InferRequest]) -> list[InferResponse | InferError]:

@@ -161,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             report("STOPPED")
         finally:
+            consumer.close()
             client.close()
     return 0
 

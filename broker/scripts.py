@@ -1,0 +1,86 @@
+"""Lua scripts Sluice runs in Redis, addressed by SHA1 (``EVALSHA``).
+
+Each script touches the keys of one hash slot only (one model's keys share the
+hash tag ``{model}``; a reply list is a key of its own), so they also run on a
+Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """A Lua script and its SHA1 digest (what ``SCRIPT LOAD`` returns)."""
+
+    body: str
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", hashlib.sha1(self.body.encode()).hexdigest())
+
+    def command(self, keys: list[str], args: list[object]) -> tuple[object, ...]:
+        """The ``EVALSHA`` command calling this script with ``keys`` and ``args``."""
+        return ("EVALSHA", self.sha, len(keys), *keys, *args)
+
+
+#: KEYS[1]: a gateway's reply list. ARGV[1]: TTL in s; ARGV[2..]: encoded responses.
+#: Pushes the responses and renews the TTL, so the list of a gateway that died expires.
+PUSH_REPLIES = Script(
+    """
+redis.call('RPUSH', KEYS[1], unpack(ARGV, 2))
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
+)
+
+#: Acknowledge and delete finished stream entries and add to the statistics hash, at once.
+#: KEYS[1]: the version's statistics hash; KEYS[2..]: streams.
+#: ARGV[1]: consumer group; ARGV[2]: n, the number of counter pairs; ARGV[3]:
+#: last_inference_ms ('0' = keep); ARGV[4 .. 3+2n]: field, increment pairs; then, for
+#: each stream in KEYS order, a count c followed by c entry ids.
+ACK_AND_COUNT = Script(
+    """
+local group = ARGV[1]
+local n = tonumber(ARGV[2])
+if ARGV[3] ~= '0' then redis.call('HSET', KEYS[1], 'last_inference_ms', ARGV[3]) end
+local i = 4
+for _ = 1, n do
+  redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+  i = i + 2
+end
+for k = 2, #KEYS do
+  local c = tonumber(ARGV[i])
+  i = i + 1
+  if c > 0 then
+    redis.call('XACK', KEYS[k], group, unpack(ARGV, i, i + c - 1))
+    redis.call('XDEL', KEYS[k], unpack(ARGV, i, i + c - 1))
+    i = i + c
+  end
+end
+return 1
+"""
+)
+
+#: ``max_queue_size`` (Triton ``ModelQueuePolicy``) enforced at ``XADD`` time: refused (0)
+#: when the stream already holds that many entries no instance has taken yet (stream
+#: length minus the consumer group's pending count). KEYS[1]: stream; ARGV: max, group,
+#: encoded request.
+BOUNDED_XADD = Script(
+    """
+local max = tonumber(ARGV[1])
+local len = redis.call('XLEN', KEYS[1])
+if len >= max then
+  local ok, pending = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[2])
+  local taken = 0
+  if ok and pending then taken = pending[1] end
+  if len - taken >= max then return 0 end
+end
+redis.call('XADD', KEYS[1], '*', 'm', ARGV[3])
+return 1
+"""
+)
+
+ALL_SCRIPTS = (PUSH_REPLIES, ACK_AND_COUNT, BOUNDED_XADD)

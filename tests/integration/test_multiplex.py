@@ -1,0 +1,90 @@
+"""MultiplexedConnection against a real Redis: ordering, isolation, loss and silence."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis
+import redis.exceptions
+
+from broker.multiplex import MultiplexedConnection
+from broker.scripts import Script
+
+
+@pytest.fixture
+async def connection(redis_url: str):
+    conn = MultiplexedConnection(redis_url, timeout_s=5.0)
+    await conn.start()
+    yield conn
+    await conn.stop()
+
+
+async def test_concurrent_calls_get_their_own_replies(connection: MultiplexedConnection) -> None:
+    values = [f"value-{i}".encode() for i in range(300)]
+    replies = await asyncio.gather(*(connection.call("ECHO", v) for v in values))
+    assert replies == values
+
+
+async def test_error_reply_fails_only_its_own_call(
+    connection: MultiplexedConnection, key_prefix: str
+) -> None:
+    key = f"{key_prefix}counter"
+    good1 = connection.call("INCR", key)
+    bad = connection.call("HGET", key, "field")  # a string key: WRONGTYPE
+    good2 = connection.call("INCR", key)
+    assert await good1 == 1
+    with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
+        await bad
+    assert await good2 == 2
+
+
+async def test_killed_connection_fails_waiters_then_reconnects(
+    connection: MultiplexedConnection, redis_url: str, key_prefix: str
+) -> None:
+    await connection.call("CLIENT", "SETNAME", "mux-under-test")
+    blocked = connection.call("BLPOP", f"{key_prefix}never", 10)
+    await asyncio.sleep(0.2)
+    admin = redis.Redis.from_url(redis_url)
+    try:
+        killed = 0
+        for client in admin.client_list():
+            if client.get("name") == "mux-under-test":
+                admin.client_kill_filter(_id=client["id"])
+                killed += 1
+        assert killed == 1
+    finally:
+        admin.close()
+    started = time.monotonic()
+    with pytest.raises(redis.exceptions.ConnectionError):
+        await asyncio.wait_for(blocked, 5)
+    assert time.monotonic() - started < 5
+    assert await connection.call("ECHO", b"after") == b"after"
+
+
+async def test_silent_redis_times_out(redis_url: str, key_prefix: str) -> None:
+    conn = MultiplexedConnection(redis_url, timeout_s=0.5)
+    await conn.start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(redis.exceptions.TimeoutError):
+            await asyncio.wait_for(conn.call("BLPOP", f"{key_prefix}never", 0), 10)
+        assert time.monotonic() - started < 3
+        assert await conn.call("ECHO", b"again") == b"again"
+    finally:
+        await conn.stop()
+
+
+async def test_unknown_script_is_loaded_then_run(
+    connection: MultiplexedConnection, key_prefix: str
+) -> None:
+    script = Script(f"-- {key_prefix}\nreturn redis.call('INCRBY', KEYS[1], ARGV[1])")
+    assert await connection.script(script, [f"{key_prefix}n"], [5]) == 5
+    assert await connection.script(script, [f"{key_prefix}n"], [5]) == 10
+
+
+async def test_call_before_start_fails_at_once(redis_url: str) -> None:
+    conn = MultiplexedConnection(redis_url, timeout_s=1.0)
+    with pytest.raises(redis.exceptions.ConnectionError, match="not started"):
+        await conn.call("PING")
