@@ -139,13 +139,12 @@ class StreamConsumer:
         by_stream: dict[str, list[bytes]] = {}
         for delivery in entries:
             by_stream.setdefault(delivery.stream, []).append(delivery.entry_id)
-        counters = delta.counter_args() if delta is not None else []
+        counters = delta.counter_text() if delta is not None else ""
         if by_stream or counters:
             args: list[object] = [
                 WORKER_GROUP,
-                len(counters) // 2,
                 delta.last_inference_ms if delta is not None else 0,
-                *counters,
+                counters,
             ]
             for ids in by_stream.values():
                 args.append(len(ids))

@@ -38,8 +38,10 @@ class ReplyRouter:
     """
 
     def __init__(self, url: str, reply_key: str) -> None:
+        # no socket timeout on the connection (redis-py would wrap every write in a task);
+        # each read is bounded below instead
         self._pool = redis.asyncio.ConnectionPool.from_url(
-            url, protocol=2, socket_timeout=_POP_BLOCK_S + 5, socket_connect_timeout=5
+            url, protocol=2, socket_timeout=None, socket_connect_timeout=5
         )
         self.reply_key = reply_key
         self._waiting: dict[str, asyncio.Future[InferResponseMessage]] = {}
@@ -82,11 +84,12 @@ class ReplyRouter:
             SluiceError: UNAVAILABLE "Request timeout expired" past the deadline.
         """
         timeout_s = max(0.0, (deadline_ns - time.time_ns()) / 1e9)
+        # a timer handle, not asyncio.wait_for: no wrapper task per request
+        timer = asyncio.get_running_loop().call_later(timeout_s, _expire, future)
         try:
-            return await asyncio.wait_for(future, timeout_s)
-        except TimeoutError:
-            raise SluiceError(ErrorCode.UNAVAILABLE, "Request timeout expired") from None
+            return await future
         finally:
+            timer.cancel()
             self._waiting.pop(request_id, None)
 
     async def _read_forever(self) -> None:
@@ -104,8 +107,13 @@ class ReplyRouter:
         while True:
             try:
                 await conn.send_packed_command(command, check_health=False)
-                popped = await conn.read_response()
+                async with asyncio.timeout(_POP_BLOCK_S + 5):
+                    popped = await conn.read_response()
                 backoff_s = 0.05
+            except TimeoutError:
+                logger.warning("reply reader: Redis did not answer BLMPOP; reconnecting")
+                await conn.disconnect(nowait=True)
+                continue
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
                 logger.warning("reply reader lost Redis (%s); retrying in %.2fs", exc, backoff_s)
                 await asyncio.sleep(backoff_s)
@@ -127,3 +135,8 @@ class ReplyRouter:
             logger.debug("dropping reply for %s: nobody waits for it", response.request_id)
             return
         future.set_result(response)
+
+
+def _expire(future: asyncio.Future[InferResponseMessage]) -> None:
+    if not future.done():
+        future.set_exception(SluiceError(ErrorCode.UNAVAILABLE, "Request timeout expired"))

@@ -38,19 +38,17 @@ return 1
 
 #: Acknowledge and delete finished stream entries and add to the statistics hash, at once.
 #: KEYS[1]: the version's statistics hash; KEYS[2..]: streams.
-#: ARGV[1]: consumer group; ARGV[2]: n, the number of counter pairs; ARGV[3]:
-#: last_inference_ms ('0' = keep); ARGV[4 .. 3+2n]: field, increment pairs; then, for
-#: each stream in KEYS order, a count c followed by c entry ids.
+#: ARGV[1]: consumer group; ARGV[2]: last_inference_ms ('0' = keep); ARGV[3]: the counter
+#: increments as one string "field delta field delta ..." (one argument is cheaper to
+#: send than dozens); then, for each stream in KEYS order, a count c and c entry ids.
 ACK_AND_COUNT = Script(
     """
 local group = ARGV[1]
-local n = tonumber(ARGV[2])
-if ARGV[3] ~= '0' then redis.call('HSET', KEYS[1], 'last_inference_ms', ARGV[3]) end
-local i = 4
-for _ = 1, n do
-  redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
-  i = i + 2
+if ARGV[2] ~= '0' then redis.call('HSET', KEYS[1], 'last_inference_ms', ARGV[2]) end
+for name, delta in string.gmatch(ARGV[3], '(%S+) (%S+)') do
+  redis.call('HINCRBY', KEYS[1], name, delta)
 end
+local i = 4
 for k = 2, #KEYS do
   local c = tonumber(ARGV[i])
   i = i + 1

@@ -89,13 +89,9 @@ class StatsDelta:
         self.add("fail_ns", max(0, request_ns))
         self.add(f"fail_reason:{reason}", 1)
 
-    def counter_args(self) -> list[object]:
-        """The increments as a flat ``[field, delta, field, delta, …]`` list."""
-        args: list[object] = []
-        for name, value in self.counts.items():
-            args.append(name)
-            args.append(value)
-        return args
+    def counter_text(self) -> str:
+        """The increments as ``"field delta field delta …"`` (``scripts.ACK_AND_COUNT``)."""
+        return " ".join([f"{name} {value}" for name, value in self.counts.items()])
 
     def apply(self, pipe: Pipeline | AsyncPipeline, key: str) -> None:
         """Queue the increments on ``pipe`` as one ``EVAL`` (no extra round trip)."""
