@@ -62,6 +62,8 @@ class StreamConsumer:
         self.streams = list(streams)
         self.consumer = consumer
         self._stream_args = [*self.streams, *(">" for _ in self.streams)]
+        #: finish commands held back to travel with the next read (see ``finish(defer=True)``)
+        self._deferred: list[tuple[object, ...]] = []
 
     def ensure_groups(self) -> None:
         """Create the consumer group (and stream) of every stream if missing."""
@@ -71,16 +73,38 @@ class StreamConsumer:
     def read(self, count: int, block_ms: int | None) -> list[Delivery]:
         """Take up to ``count`` new entries per stream.
 
+        Deferred finish commands go first, in the same write.
+
         Args:
             count: most entries per stream.
             block_ms: wait at most this long (≥ 1 ms) for an entry; ``None`` = do not wait.
+
+        Raises:
+            redis.exceptions.RedisError: Redis unreachable, or a deferred finish failed.
         """
         block = () if block_ms is None else ("BLOCK", max(1, block_ms))
-        reply = self._direct.call(
+        read = (
             "XREADGROUP", "GROUP", WORKER_GROUP, self.consumer, "COUNT", count, *block,
             "STREAMS", *self._stream_args,
         )  # fmt: skip
-        return self._decode(reply)
+        if not self._deferred:
+            return self._decode(self._direct.call(*read))
+        commands, self._deferred = [*self._deferred, read], []
+        replies = self._direct.pipeline(commands)
+        for reply in replies:
+            if isinstance(reply, redis.exceptions.ResponseError):
+                raise reply
+        return self._decode(replies[-1])
+
+    def flush(self) -> None:
+        """Send the deferred finish commands now (before a new execution, before stopping).
+
+        Raises:
+            redis.exceptions.RedisError: Redis unreachable or a script failed.
+        """
+        if self._deferred:
+            commands, self._deferred = self._deferred, []
+            self._run(commands)
 
     def read_own_pending(self, count: int = 1000) -> list[Delivery]:
         """Entries this consumer name was given but never acknowledged (a restarted instance).
@@ -120,11 +144,15 @@ class StreamConsumer:
         entries: Sequence[Delivery],
         stats_key: str = "",
         delta: StatsDelta | None = None,
+        defer: bool = False,
     ) -> None:
         """Push each ``(reply_key, response)``, XACK + XDEL ``entries``, add ``delta``.
 
         One round trip: one ``PUSH_REPLIES`` script per reply list and one
         ``ACK_AND_COUNT`` script for the entries and the statistics hash ``stats_key``.
+        With ``defer`` the commands wait for the next :meth:`read` or :meth:`flush` and
+        share its write (the instance loop reads right after finishing a batch, so this
+        saves a round trip without delaying the replies).
 
         Raises:
             redis.exceptions.RedisError: Redis unreachable or a script failed.
@@ -152,6 +180,12 @@ class StreamConsumer:
             # no counters: KEYS[1] is never written; any key of the slot will do
             key = stats_key or next(iter(by_stream))
             commands.append(ACK_AND_COUNT.command([key, *by_stream], args))
+        if defer:
+            self._deferred.extend(commands)
+        else:
+            self._run(commands)
+
+    def _run(self, commands: Sequence[tuple[object, ...]]) -> None:
         for reply in self._direct.pipeline(commands):
             if isinstance(reply, redis.exceptions.ResponseError):
                 raise reply

@@ -116,9 +116,12 @@ class InstanceLoop:
     def run(self) -> None:
         """Loop until :attr:`stopping` is set, then run what is held and return."""
         self.admit(self._consumer.read_own_pending())
-        while not self.stopping.is_set():
-            self.step()
-        self.drain()
+        try:
+            while not self.stopping.is_set():
+                self.step()
+            self.drain()
+        finally:
+            self._consumer.flush()
 
     def step(self) -> None:
         """One iteration: expire, run a ready batch, or read more (bounded wait)."""
@@ -126,6 +129,7 @@ class InstanceLoop:
         self._expire(now)
         batch = self._batcher.take(now)
         if batch is not None:
+            self._consumer.flush()  # the previous batch's replies go out before this one runs
             self._execute(batch)
             return
         if self.housekeeping is not None:
@@ -327,6 +331,7 @@ class InstanceLoop:
             [h.delivery for h in held],
             self._stats_key,
             delta,
+            defer=True,  # sent with the read that follows at once (one round trip)
         )
 
     def _run_backend(self, requests: list[InferRequest]) -> list[InferResponse | InferError]:

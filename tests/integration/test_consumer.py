@@ -116,3 +116,30 @@ def test_reconnects_after_kill_and_reloads_flushed_scripts(
         assert decode_stats(client.hgetall(stats)).get("fail_reason:OTHER") == 1
     finally:
         consumer.close()
+
+
+def test_deferred_finish_travels_with_the_next_read(client: redis.Redis, key_prefix: str) -> None:
+    stream, stats = f"{key_prefix}{{m}}:q:1", f"{key_prefix}{{m}}:stats:1"
+    reply = f"{key_prefix}reply:a"
+    consumer = StreamConsumer(client, [stream], "instance-0")
+    try:
+        consumer.ensure_groups()
+        client.xadd(stream, {PAYLOAD_FIELD: encode_request(_request(1, reply))})
+        first = consumer.read(count=1, block_ms=100)
+        delta = StatsDelta()
+        delta.failure(request_ns=1, reason="OTHER")
+        consumer.finish(
+            [(reply, InferResponseMessage("r1", "m", 1))], first, stats, delta, defer=True
+        )
+        assert client.llen(reply) == 0  # held back
+        client.xadd(stream, {PAYLOAD_FIELD: encode_request(_request(2, reply))})
+        second = consumer.read(count=1, block_ms=100)
+        assert [d.message.request_id for d in second] == ["r2"]
+        assert [decode_response(p).request_id for p in client.lrange(reply, 0, -1)] == ["r1"]
+        assert client.xpending(stream, WORKER_GROUP)["pending"] == 1  # only r2 now
+        consumer.finish([(reply, InferResponseMessage("r2", "m", 1))], second, defer=True)
+        consumer.flush()
+        assert client.llen(reply) == 2
+        assert client.xlen(stream) == 0
+    finally:
+        consumer.close()
