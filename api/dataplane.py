@@ -89,6 +89,15 @@ class DataPlane:
         #: request ids: this gateway's id + a counter, unique across gateways and cheap.
         self._id_prefix = f"{settings.gateway_id}-"
         self._ids = itertools.count()
+        self._exiting = False
+
+    def begin_shutdown(self) -> None:
+        """Refuse new inference requests from now on (the server is exiting).
+
+        Requests already queued are still awaited; new ones get UNAVAILABLE at once
+        instead of being queued for instances that are stopping.
+        """
+        self._exiting = True
 
     # -- health -----------------------------------------------------------------------------
 
@@ -340,7 +349,8 @@ class DataPlane:
         lines carry), the client's id and the reason.
 
         Raises:
-            SluiceError: NOT_FOUND/UNAVAILABLE from model resolution, INVALID_ARG from
+            SluiceError: UNAVAILABLE once :meth:`begin_shutdown` was called,
+                NOT_FOUND/UNAVAILABLE from model resolution, INVALID_ARG from
                 validation, UNSUPPORTED for decoupled models, UNAVAILABLE "Request timeout
                 expired" past the deadline, or the error the model returned.
         """
@@ -371,6 +381,10 @@ class DataPlane:
         outputs: Sequence[RequestedOutput],
         parameters: dict[str, ParameterValue],
     ) -> InferResult:
+        if self._exiting:
+            raise SluiceError(
+                ErrorCode.UNAVAILABLE, "Server is shutting down: request refused", model=model
+            )
         view, resolved = await self.registry.resolve(model, version)
         if view.decoupled:
             raise SluiceError(

@@ -160,6 +160,7 @@ async def serve_gateway(settings: GatewaySettings) -> None:
     grpc_stopping: list[asyncio.Task[None]] = []
 
     def stop() -> None:
+        dataplane.begin_shutdown()
         http_server.should_exit = True
         if metrics_server is not None:
             metrics_server.should_exit = True

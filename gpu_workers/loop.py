@@ -37,6 +37,10 @@ HEARTBEAT_MS = 200
 MAX_DELIVERIES = 2
 #: longest local sleep between two non-blocking reads inside a delay window, in ns.
 POLL_NS = 500_000
+#: a stopping instance leaves once its streams stayed empty this long, in ns.
+DRAIN_QUIET_NS = 300_000_000
+#: a stopping instance takes queued entries for at most this long, in ns.
+DRAIN_LIMIT_NS = 5_000_000_000
 
 #: Triton error code name -> failure reason label of nv_inference_request_failure.
 _REASONS = {"UNAVAILABLE": "REJECTED", "CANCELLED": "CANCELED", "INTERNAL": "BACKEND"}
@@ -152,10 +156,29 @@ class InstanceLoop:
                 time.sleep(min(remaining_ns, POLL_NS) / 1e9)
 
     def drain(self) -> None:
-        """Run every held request now, ignoring delay windows (graceful stop)."""
+        """Graceful stop: run what is held and what is still queued, ignoring delay windows.
+
+        Like Triton, which finishes queued requests before an instance goes away, the
+        instance keeps taking entries off its streams until they have been empty for
+        :data:`DRAIN_QUIET_NS` (gateways refuse new requests once they are stopping),
+        for at most :data:`DRAIN_LIMIT_NS`. Entries left after that stay pending in
+        Redis for another instance.
+        """
         far = self._clock() + 10**15
-        while (batch := self._batcher.take(far)) is not None:
-            self._execute(batch)
+        start = quiet_since = self._clock()
+        while True:
+            while (batch := self._batcher.take(far)) is not None:
+                self._consumer.flush()
+                self._execute(batch)
+            now = self._clock()
+            if now - quiet_since >= DRAIN_QUIET_NS or now - start >= DRAIN_LIMIT_NS:
+                return
+            deliveries = self._consumer.read(count=self._read_count, block_ms=None)
+            if deliveries:
+                self.admit(deliveries)
+                quiet_since = self._clock()
+            else:
+                time.sleep(POLL_NS / 1e9)
 
     def admit(self, deliveries: Sequence[Delivery]) -> None:
         """Offer each delivery to the batcher; answer refusals at once."""
@@ -354,6 +377,14 @@ class InstanceLoop:
         request_id = message.request_id
         if isinstance(result, InferError):
             return self._error(request_id, result.code, result.message)
+        if not message.outputs and not any(n in self._output_datatypes for n in result.outputs):
+            # every output was asked for and the model gave none of them: not a valid answer
+            return self._error(
+                request_id,
+                "INTERNAL",
+                f"model '{self._model}' produced none of its configured outputs "
+                f"({', '.join(self._output_datatypes)})",
+            )
         try:
             wires = []
             for name, array in result.outputs.items():

@@ -231,13 +231,13 @@ def from_pb_response(
     result: dict[str, np.ndarray] = {}
     for tensor in response.output_tensors():
         name = tensor.name()
-        if wanted and name not in wanted:
-            continue
         spec = outputs.get(name)
         if spec is None:
             return InferError(
                 "INTERNAL", f"unexpected inference output '{name}' for model '{model}'"
             )
+        if wanted and name not in wanted:
+            continue
         array = np.asarray(tensor.as_numpy())
         if spec.reshaped:
             array = array.reshape((array.shape[0], *spec.dims) if batching else spec.dims)

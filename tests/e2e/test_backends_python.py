@@ -100,6 +100,21 @@ def test_raiser_error_response_is_invalid_arg(client: tuple[Any, ModuleType, str
     assert info.value.message() == "negative input"
 
 
+def test_output_not_in_the_config_is_internal(
+    client: tuple[Any, ModuleType, str],
+) -> None:
+    instance, module, protocol = client
+    x = np.array([[7]], np.int32)
+    with pytest.raises(InferenceServerException) as info:
+        instance.infer("raiser", [_input(module, "X", x, "INT32")])
+    assert info.value.status() == PROTOCOLS[protocol][2]
+    assert info.value.message() == "unexpected inference output 'WRONG' for model 'raiser'"
+    with pytest.raises(InferenceServerException) as info:
+        instance.infer("raiser", [_input(module, "X", np.array([[8]], np.int32), "INT32")])
+    assert info.value.status() == PROTOCOLS[protocol][2]
+    assert info.value.message() == "model 'raiser' produced none of its configured outputs (Y)"
+
+
 def test_raiser_exception_is_internal(client: tuple[Any, ModuleType, str]) -> None:
     instance, module, protocol = client
     x = np.array([[13]], np.int32)

@@ -190,3 +190,71 @@ def test_request_that_kills_its_instance_is_failed_not_retried_forever(
         assert time.monotonic() - started < 40  # well before the 60 s request deadline
     finally:
         assert stop_server(server) == 0, server.log()
+
+
+def test_requests_during_ctrl_c_are_answered_or_refused_at_once(
+    model_repository, redis_url, tmp_path
+) -> None:
+    """After Ctrl-C nothing is queued for stopping instances: 200 or an immediate refusal.
+
+    Refusals are 503 "shutting down" from a stopping gateway, or, once the supervisor
+    marks the models unloaded, 404 "has no available versions" (as Triton while exiting).
+    """
+    import signal
+    import threading
+
+    server = start_server(
+        _small_repo(model_repository, tmp_path, False), redis_url, tmp_path / "serve.log"
+    )
+    url = f"http://127.0.0.1:{server.http_port}/v2/models/add_sub/infer"
+    outcomes: list[tuple[str, float]] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        session = requests.Session()  # keep-alive, as real clients
+        n = 0
+        while not stop.is_set():
+            n += 1
+            body = {
+                "inputs": [
+                    {"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": [n] * 16},
+                    {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "data": [1] * 16},
+                ]
+            }
+            started = time.monotonic()
+            try:
+                reply = session.post(url, json=body, timeout=20)
+            except requests.RequestException:
+                outcomes.append(("closed", time.monotonic() - started))
+                session = requests.Session()
+                time.sleep(0.02)
+                continue
+            took = time.monotonic() - started
+            if reply.status_code == 200:
+                out = {o["name"]: o["data"] for o in reply.json()["outputs"]}
+                outcomes.append(("ok" if out["OUTPUT0"] == [n + 1] * 16 else "WRONG", took))
+            else:
+                outcomes.append((f"{reply.status_code}:{reply.json()['error']}", took))
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=client, daemon=True)
+    thread.start()
+    time.sleep(1.0)
+    stopped_at = time.monotonic()
+    server.process.send_signal(signal.SIGINT)
+    try:
+        server.process.wait(20)
+    finally:
+        stop.set()
+        thread.join(25)
+    exit_s = time.monotonic() - stopped_at
+    assert server.process.returncode == 0, server.log()
+    assert exit_s < 6, server.log()
+    kinds = {kind.split(":")[0] for kind, _ in outcomes}
+    assert "ok" in kinds
+    assert kinds <= {"ok", "503", "404", "closed"}, outcomes
+    assert max(took for _, took in outcomes) < 3, outcomes
+    refused = [kind for kind, _ in outcomes if kind.startswith(("503", "404"))]
+    assert all(
+        "shutting down" in kind or "has no available versions" in kind for kind in refused
+    ), refused
