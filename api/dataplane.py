@@ -111,7 +111,9 @@ class DataPlane:
     async def server_ready(self) -> bool:
         """Readiness (Triton ``--strict-readiness``): start-up done and every model READY.
 
-        A version UNAVAILABLE with reason ``unloaded`` does not count against readiness.
+        A version UNAVAILABLE with reason ``unloaded`` does not count against readiness;
+        a READY version with no live instance (every heartbeat stale, e.g. the
+        supervisor was killed) does.
         """
         try:
             facts = await self.registry.server_facts()
@@ -120,8 +122,10 @@ class DataPlane:
             if not self.settings.strict_readiness:
                 return True
             for record in await self.registry.records():
-                for state in record.versions.values():
+                for version, state in record.versions.items():
                     if state.state is ModelState.READY:
+                        if not await self.registry.live_instances(record.name, version):
+                            return False  # READY on record, but no instance answers
                         continue
                     if state.state is ModelState.UNAVAILABLE and state.reason == "unloaded":
                         continue
@@ -131,15 +135,18 @@ class DataPlane:
             return False
 
     async def model_ready(self, model: str, version: int | None) -> bool:
-        """Whether the model (version) can take requests now."""
-        try:
-            await self.registry.resolve(model, version)
-        except SluiceError:
-            return False
-        return True
+        """Whether the model (version) is READY and has a live instance now.
+
+        Raises:
+            SluiceError: from model resolution (NOT_FOUND unknown, UNAVAILABLE loading),
+                as Triton's model-ready endpoint answers them.
+        """
+        _, resolved = await self.registry.resolve(model, version)
+        return await self.registry.live_instances(model, resolved) > 0
 
     async def model_readiness(self, model: str, version: int | None) -> bool:
-        """gRPC ``ModelReady``: an unknown model or version raises, a known one answers.
+        """gRPC ``ModelReady``: an unknown model or version raises, a known one answers
+        (READY with a live instance).
 
         Raises:
             SluiceError: NOT_FOUND for a model that never loaded or a version it
@@ -153,10 +160,10 @@ class DataPlane:
                 model=model,
             )
         try:
-            view.resolve(version)
+            resolved = view.resolve(version)
         except SluiceError:
             return False
-        return True
+        return await self.registry.live_instances(model, resolved) > 0
 
     # -- metadata ---------------------------------------------------------------------------
 

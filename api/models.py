@@ -179,6 +179,10 @@ class ModelRegistry:
         """Every model found in the repositories with its states (uncached)."""
         return [await self._store.get(name) for name in await self._store.model_names()]
 
+    async def live_instances(self, name: str, version: int) -> int:
+        """Live instances of a version (fresh heartbeat, uncached)."""
+        return await self._store.live_instances(name, version)
+
     async def server_facts(self) -> dict[str, str]:
         """Server-wide facts the supervisor published (startup phase, control mode)."""
         return await self._store.server()

@@ -8,6 +8,7 @@ Triton's (``ModelReadyState``: UNKNOWN, READY, UNAVAILABLE, LOADING, UNLOADING).
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -113,6 +114,30 @@ class ModelStore:
         self._redis.hset(self._keys.server(), mapping=fields)
 
 
+#: an instance whose heartbeat is older than this is not live (the workers' default
+#: ``--stale-instance-secs``; they beat every second), in ns.
+LIVE_HEARTBEAT_NS = 5_000_000_000
+
+
+def count_live(raw: dict[bytes, bytes], now_ns: int) -> tuple[dict[str, str], int]:
+    """States of a version's instances hash (``HGETALL``) and how many are live.
+
+    Live: state READY and a heartbeat no older than :data:`LIVE_HEARTBEAT_NS`.
+    """
+    states: dict[str, str] = {}
+    live = 0
+    for name, info_raw in raw.items():
+        try:
+            info = json.loads(info_raw)
+        except ValueError:
+            continue
+        states[name.decode()] = str(info.get("state", "UNKNOWN"))
+        beat = int(info.get("heartbeat_ns", 0) or 0)
+        if info.get("state") == "READY" and beat and now_ns - beat <= LIVE_HEARTBEAT_NS:
+            live += 1
+    return states, live
+
+
 class AsyncModelStore:
     """Asynchronous read access, for the gateways."""
 
@@ -132,6 +157,11 @@ class AsyncModelStore:
             pipe.hgetall(self._keys.state(model))
             config, states = await pipe.execute()
         return ModelRecord(model, (config or b"").decode(), _decode_versions(states))
+
+    async def live_instances(self, model: str, version: int) -> int:
+        """How many instances of the version are live now (:func:`count_live`)."""
+        raw = await self._redis.hgetall(self._keys.instances(model, version))
+        return count_live(raw, time.time_ns())[1]
 
     async def server(self) -> dict[str, str]:
         """Server-wide facts."""

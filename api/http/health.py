@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api.http.responses import dataplane, empty
+from api.http.responses import dataplane, empty, error_response
 
 router = APIRouter(tags=["health"])
 
@@ -25,14 +25,17 @@ async def ready(request: Request) -> Response:
 
 @router.get("/v2/models/{model_name}/ready")
 async def model_ready(request: Request, model_name: str) -> Response:
-    """200 when some version of the model is READY; errors as Triton's (404/503)."""
-    dp = dataplane(request)
-    await dp.registry.resolve(model_name, None)
-    return empty(200)
+    """200 when some version of the model is READY with a live instance; errors as
+    Triton's (404/503; 400 "Model version not ready" when no instance is live)."""
+    if await dataplane(request).model_ready(model_name, None):
+        return empty(200)
+    return error_response("Model version not ready", 400)
 
 
 @router.get("/v2/models/{model_name}/versions/{model_version:int}/ready")
 async def model_version_ready(request: Request, model_name: str, model_version: int) -> Response:
-    """200 when that version is READY; errors as Triton's (404/503)."""
-    await dataplane(request).registry.resolve(model_name, model_version)
-    return empty(200)
+    """200 when that version is READY with a live instance; errors as Triton's
+    (404/503; 400 "Model version not ready" when no instance is live)."""
+    if await dataplane(request).model_ready(model_name, model_version):
+        return empty(200)
+    return error_response("Model version not ready", 400)

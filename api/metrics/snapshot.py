@@ -19,16 +19,11 @@ from google.protobuf import json_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 from broker.keys import WORKER_GROUP, KeySchema
-from broker.model_store import AsyncModelStore, ModelState
+from broker.model_store import AsyncModelStore, ModelState, count_live
 from broker.scheduling import StreamLayout, scheduling_policy
 from broker.stats_store import VersionStats, decode_stats
 
 __all__ = ["QueueFacts", "VersionSample", "read_versions"]
-
-#: an instance whose heartbeat is older than this is not counted live (the workers'
-#: default ``--stale-instance-secs``), in ns.
-LIVE_HEARTBEAT_NS = 5_000_000_000
-
 
 @dataclass(frozen=True, slots=True)
 class QueueFacts:
@@ -93,21 +88,6 @@ def _field(entry: dict[Any, Any], name: str) -> Any:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _live(raw: dict[bytes, bytes], now_ns: int) -> tuple[dict[str, str], int]:
-    states: dict[str, str] = {}
-    live = 0
-    for name, info_raw in raw.items():
-        try:
-            info = json.loads(info_raw)
-        except ValueError:
-            continue
-        states[name.decode()] = str(info.get("state", "UNKNOWN"))
-        beat = int(info.get("heartbeat_ns", 0) or 0)
-        if info.get("state") == "READY" and beat and now_ns - beat <= LIVE_HEARTBEAT_NS:
-            live += 1
-    return states, live
-
-
 async def read_versions(
     client: redis.asyncio.Redis, keys: KeySchema, *, ready_only: bool = True
 ) -> list[VersionSample]:
@@ -157,7 +137,7 @@ async def read_versions(
         stats_raw, instances_raw = replies[position], replies[position + 1]
         position += 2
         stats = decode_stats(stats_raw) if isinstance(stats_raw, dict) else VersionStats()
-        states, live = _live(instances_raw if isinstance(instances_raw, dict) else {}, now_ns)
+        states, live = count_live(instances_raw if isinstance(instances_raw, dict) else {}, now_ns)
         facts[(name, version)] = (stats, states, live)
         depth = pending = 0
         for stream in streams:

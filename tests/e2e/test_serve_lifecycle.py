@@ -258,3 +258,58 @@ def test_requests_during_ctrl_c_are_answered_or_refused_at_once(
     assert all(
         "shutting down" in kind or "has no available versions" in kind for kind in refused
     ), refused
+
+
+def test_gateway_is_not_ready_when_no_instance_lives(model_repository, redis_url, tmp_path) -> None:
+    """A gateway left running after its deployment was SIGKILLed stops claiming readiness."""
+    import subprocess
+    import sys
+
+    import tritonclient.grpc as grpcclient
+    from e2e_support import free_port
+
+    server = start_server(
+        _small_repo(model_repository, tmp_path, False), redis_url, tmp_path / "serve.log"
+    )
+    port, grpc_port = free_port(), free_port()
+    with (tmp_path / "gateway.log").open("wb") as log:
+        gateway = subprocess.Popen(
+            [
+                sys.executable, "-m", "api.cli", "gateway",
+                "--http-address", "127.0.0.1", "--http-port", str(port),
+                "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc_port),
+                "--metrics-port", str(free_port()),
+                "--redis-url", server.redis_url, "--key-prefix", server.key_prefix,
+            ],  # fmt: skip
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if http.is_server_ready():
+                    break
+            except Exception:
+                pass
+            time.sleep(0.1)
+        assert http.is_server_ready() and http.is_model_ready("add_sub")
+        children = children_of(server.process.pid)
+        server.process.kill()  # the supervisor; its children die with it
+        server.process.wait(10)
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        deadline = time.monotonic() + 15  # heartbeats go stale after 5 s
+        while http.is_model_ready("add_sub") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not http.is_model_ready("add_sub")
+        assert not http.is_server_ready()
+        reply = requests.get(f"http://127.0.0.1:{port}/v2/models/add_sub/ready", timeout=5)
+        assert (reply.status_code, reply.json()) == (400, {"error": "Model version not ready"})
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        assert grpc.is_model_ready("add_sub") is False
+    finally:
+        gateway.terminate()
+        gateway.wait(20)
