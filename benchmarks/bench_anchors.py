@@ -236,12 +236,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gens", default="loadgen wrk")
     parser.add_argument("--duration", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--http-port", type=int, default=18000)
-    parser.add_argument("--grpc-port", type=int, default=18001)
+    # the harness runs Triton on 18000-18002 and MLServer on 18080-18082
+    parser.add_argument("--http-port", type=int, default=28000)
+    parser.add_argument("--grpc-port", type=int, default=28001)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--limit-s", type=int, default=3600, help="bound on the whole harness run")
     args = parser.parse_args(argv)
+    taken = {18000, 18001, 18002, 18080, 18081, 18082}
+    if {args.http_port, args.grpc_port, args.http_port + 2} & taken:
+        parser.error("ports 18000-18002 and 18080-18082 belong to the harness's Triton/MLServer")
     if args.report is not None:
         folder = args.report
     else:
