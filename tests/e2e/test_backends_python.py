@@ -104,13 +104,13 @@ def test_output_not_in_the_config_is_internal(
     client: tuple[Any, ModuleType, str],
 ) -> None:
     instance, module, protocol = client
-    x = np.array([[7]], np.int32)
+    x = np.array([[4077]], np.int32)
     with pytest.raises(InferenceServerException) as info:
         instance.infer("raiser", [_input(module, "X", x, "INT32")])
     assert info.value.status() == PROTOCOLS[protocol][2]
     assert info.value.message() == "unexpected inference output 'WRONG' for model 'raiser'"
     with pytest.raises(InferenceServerException) as info:
-        instance.infer("raiser", [_input(module, "X", np.array([[8]], np.int32), "INT32")])
+        instance.infer("raiser", [_input(module, "X", np.array([[4088]], np.int32), "INT32")])
     assert info.value.status() == PROTOCOLS[protocol][2]
     assert info.value.message() == "model 'raiser' produced none of its configured outputs (Y)"
 

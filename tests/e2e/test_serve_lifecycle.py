@@ -280,7 +280,7 @@ def test_gateway_is_not_ready_when_no_instance_lives(model_repository, redis_url
                 "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc_port),
                 "--metrics-port", str(free_port()),
                 "--redis-url", server.redis_url, "--key-prefix", server.key_prefix,
-            ],  # fmt: skip
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
         )

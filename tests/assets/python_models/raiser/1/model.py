@@ -1,5 +1,5 @@
 """Y = X; a negative X fails its own request, X == 13 fails the whole execute call,
-X == 7 answers with an output the config does not have, X == 8 with no output at all."""
+X == 4077 answers with an output the config does not have, X == 4088 with no output at all."""
 
 import triton_python_backend_utils as pb_utils
 
@@ -15,10 +15,10 @@ class TritonPythonModel:
                 error = pb_utils.TritonError("negative input", pb_utils.TritonError.INVALID_ARG)
                 responses.append(pb_utils.InferenceResponse(output_tensors=[], error=error))
                 continue
-            if (x == 8).any():
+            if (x == 4088).any():
                 responses.append(pb_utils.InferenceResponse(output_tensors=[]))
                 continue
-            name = "WRONG" if (x == 7).any() else "Y"
+            name = "WRONG" if (x == 4077).any() else "Y"
             responses.append(
                 pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, x)])
             )
