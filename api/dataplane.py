@@ -22,13 +22,14 @@ from api.settings import GatewaySettings
 from api.validation import validate_request
 from broker.control import ControlCommand, encode_command
 from broker.errors import ErrorCode, SluiceError
-from broker.keys import KeySchema
+from broker.keys import WORKER_GROUP, KeySchema
 from broker.messages import InferRequestMessage, ParameterValue, RequestedOutput, WireTensor
 from broker.model_store import ModelState
 from broker.multiplex import MultiplexedConnection
 from broker.producer import QUEUE_FULL, Producer
 from broker.replies import ReplyRouter
 from broker.scheduling import StreamLayout
+from broker.scripts import ACK_AND_COUNT
 from broker.stats_store import StatsDelta, decode_stats, triton_model_stats
 
 logger = logging.getLogger(__name__)
@@ -288,9 +289,12 @@ class DataPlane:
     async def _count_rejection(self, model: str, version: int) -> None:
         delta = StatsDelta()
         delta.failure(request_ns=0, reason="REJECTED")
-        async with self._redis.pipeline(transaction=False) as pipe:
-            delta.apply(pipe, self._keys.stats(model, version))
-            await pipe.execute()
+        # the workers' script, with no stream entries to acknowledge
+        await self.connection.script(
+            ACK_AND_COUNT,
+            [self._keys.stats(model, version)],
+            [WORKER_GROUP, 0, delta.counter_text()],
+        )
 
     # -- statistics -------------------------------------------------------------------------
 

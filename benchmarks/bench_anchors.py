@@ -143,7 +143,7 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}"
 
 
-def report(rows: Iterable[dict], redis_cpu: dict | None) -> bool:
+def report(rows: Iterable[dict], redis_cpu: dict | None, ort: list[dict]) -> bool:
     """Print Sluice's rows with ratios to Triton and MLServer; returns True if targets are met."""
     rows = list(rows)
     index = {(r["label"], *(r.get(k) for k in KEY)): r for r in rows}
@@ -164,8 +164,6 @@ def report(rows: Iterable[dict], redis_cpu: dict | None) -> bool:
     for r in mine:
         tail = tuple(r.get(k) for k in KEY)
         triton = index.get(("triton", *tail))
-        if triton is None and r.get("tensor_format") == "binary":
-            triton = None
         mls = next(
             (
                 index[k]
@@ -214,9 +212,13 @@ def report(rows: Iterable[dict], redis_cpu: dict | None) -> bool:
                 f"{r['protocol']} {r['model']} c={r['concurrency']}: {thr:.0f} vs "
                 f"{mls['infer_per_s']:.0f}"
             )
-    ort = [r for r in rows if r.get("label") == "ort" or r.get("generator") == "ort"]
     if ort:
-        print(f"\nin-process ONNX Runtime rows: {len(ort)} (see the run's report.md)")
+        print("\nin-process ONNX Runtime (the limit):")
+        for r in ort:
+            print(
+                f"  {r['model']} batch {r['batch']}: {r['samples_per_s']:.0f} samples/s, "
+                f"p50 {r['p50_us']} us per call"
+            )
     if redis_cpu:
         served = sum(r.get("requests", 0) for r in mine)
         print(
@@ -262,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run folder: {folder}")
     redis_file = folder / "redis_cpu.json"
     redis_cpu = json.loads(redis_file.read_text()) if redis_file.exists() else None
-    return 0 if report(load_rows(folder), redis_cpu) else 1
+    ort_file = folder / "ort.jsonl"
+    ort = [json.loads(x) for x in ort_file.read_text().splitlines()] if ort_file.exists() else []
+    return 0 if report(load_rows(folder), redis_cpu, ort) else 1
 
 
 if __name__ == "__main__":

@@ -87,14 +87,8 @@ class StreamConsumer:
             "XREADGROUP", "GROUP", WORKER_GROUP, self.consumer, "COUNT", count, *block,
             "STREAMS", *self._stream_args,
         )  # fmt: skip
-        if not self._deferred:
-            return self._decode(self._direct.call(*read))
         commands, self._deferred = [*self._deferred, read], []
-        replies = self._direct.pipeline(commands)
-        for reply in replies:
-            if isinstance(reply, redis.exceptions.ResponseError):
-                raise reply
-        return self._decode(replies[-1])
+        return self._decode(self._run(commands)[-1])
 
     def flush(self) -> None:
         """Send the deferred finish commands now (before a new execution, before stopping).
@@ -185,10 +179,13 @@ class StreamConsumer:
         else:
             self._run(commands)
 
-    def _run(self, commands: Sequence[tuple[object, ...]]) -> None:
-        for reply in self._direct.pipeline(commands):
+    def _run(self, commands: Sequence[tuple[object, ...]]) -> list[object]:
+        """One pipelined round trip; the first error reply is raised."""
+        replies = self._direct.pipeline(commands)
+        for reply in replies:
             if isinstance(reply, redis.exceptions.ResponseError):
                 raise reply
+        return replies
 
     def close(self) -> None:
         """Close the direct connection."""

@@ -1,8 +1,9 @@
 """Inference statistics kept in Redis, added to by every process (Triton's statistics extension).
 
 One hash per model version (``KeySchema.stats``); every field is a counter
-incremented with ``HINCRBY`` inside the pipeline that already carries the
-replies, so recording costs no extra round trip. Field names:
+incremented with ``HINCRBY`` by ``broker.scripts.ACK_AND_COUNT``, the script that
+also acknowledges a batch's entries, so recording costs no extra round trip.
+Field names:
 
 * ``success_count``/``success_ns``, ``fail_count``/``fail_ns``, ``queue_count``/``queue_ns``,
   ``compute_input_count``/``_ns``, ``compute_infer_count``/``_ns``,
@@ -20,9 +21,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.asyncio.client import Pipeline as AsyncPipeline
-from redis.client import Pipeline
-
 FAIL_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 _DURATIONS = ("queue", "compute_input", "compute_infer", "compute_output")
 
@@ -36,17 +34,10 @@ class ExecutionTimes:
     compute_output_ns: int
 
 
-#: adds ARGV pairs (field, delta) to the hash KEYS[1]; ARGV[1] is last_inference_ms (0 = keep).
-_APPLY = """
-if ARGV[1] ~= '0' then redis.call('HSET', KEYS[1], 'last_inference_ms', ARGV[1]) end
-for i = 2, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1]) end
-return 1
-"""
-
-
 @dataclass(slots=True)
 class StatsDelta:
-    """Counter increments of one version, gathered in memory and applied in one command."""
+    """Counter increments of one version, gathered in memory and sent as one script argument
+    (:meth:`counter_text` for ``broker.scripts.ACK_AND_COUNT``)."""
 
     counts: dict[str, int] = field(default_factory=dict)
     last_inference_ms: int = 0
@@ -92,15 +83,6 @@ class StatsDelta:
     def counter_text(self) -> str:
         """The increments as ``"field delta field delta …"`` (``scripts.ACK_AND_COUNT``)."""
         return " ".join([f"{name} {value}" for name, value in self.counts.items()])
-
-    def apply(self, pipe: Pipeline | AsyncPipeline, key: str) -> None:
-        """Queue the increments on ``pipe`` as one ``EVAL`` (no extra round trip)."""
-        if not self.counts and not self.last_inference_ms:
-            return
-        args: list[object] = [self.last_inference_ms]
-        for name, value in self.counts.items():
-            args.extend((name, value))
-        pipe.eval(_APPLY, 1, key, *args)
 
 
 @dataclass(frozen=True, slots=True)

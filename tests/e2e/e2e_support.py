@@ -255,6 +255,30 @@ def start_server(
     raise RuntimeError(f"sluice serve not ready within {timeout_s}s:\n{server.log()}")
 
 
+def start_gateway(
+    redis_url: str, key_prefix: str, log_path: Path
+) -> tuple[subprocess.Popen[bytes], int, int]:
+    """Start one more ``sluice gateway`` against a deployment (not waited for).
+
+    Returns:
+        The process, its HTTP port and its gRPC port (both on 127.0.0.1).
+    """
+    port, grpc_port = free_port(), free_port()
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable, "-m", "api.cli", "gateway",
+                "--http-address", "127.0.0.1", "--http-port", str(port),
+                "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc_port),
+                "--metrics-port", str(free_port()),
+                "--redis-url", redis_url, "--key-prefix", key_prefix,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    return process, port, grpc_port
+
+
 def stop_server(server: Server, timeout_s: float = 30.0) -> int:
     """SIGINT (Ctrl-C) and wait; returns the exit code."""
     if server.process.poll() is None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,10 +16,8 @@ import redis
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from e2e_support import Server, build_batch_scale, start_server, stop_server
+from e2e_support import Server, build_batch_scale, start_gateway, start_server, stop_server
 from tritonclient.utils import InferenceServerException
-
-from broker.redis_server import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -239,31 +235,8 @@ def test_reload_under_load_fails_no_request(explicit_server: Server, control_rep
 
 
 def test_second_gateway_sees_the_same_models(explicit_server: Server, tmp_path: Path) -> None:
-    port, grpc_port = free_port(), free_port()
-    log = (tmp_path / "gateway.log").open("wb")
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "api.cli",
-            "gateway",
-            "--http-address",
-            "127.0.0.1",
-            "--http-port",
-            str(port),
-            "--grpc-address",
-            "127.0.0.1",
-            "--grpc-port",
-            str(grpc_port),
-            "--metrics-port",
-            str(free_port()),
-            "--redis-url",
-            explicit_server.redis_url,
-            "--key-prefix",
-            explicit_server.key_prefix,
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
+    process, port, grpc_port = start_gateway(
+        explicit_server.redis_url, explicit_server.key_prefix, tmp_path / "gateway.log"
     )
     try:
         second = httpclient.InferenceServerClient(f"127.0.0.1:{port}")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import requests
 import tritonclient.http as httpclient
-from e2e_support import children_of, start_server, stop_server
+from e2e_support import children_of, start_gateway, start_server, stop_server
 from tritonclient.utils import InferenceServerException
 
 from broker.redis_server import start_private_redis
@@ -262,28 +262,14 @@ def test_requests_during_ctrl_c_are_answered_or_refused_at_once(
 
 def test_gateway_is_not_ready_when_no_instance_lives(model_repository, redis_url, tmp_path) -> None:
     """A gateway left running after its deployment was SIGKILLed stops claiming readiness."""
-    import subprocess
-    import sys
-
     import tritonclient.grpc as grpcclient
-    from e2e_support import free_port
 
     server = start_server(
         _small_repo(model_repository, tmp_path, False), redis_url, tmp_path / "serve.log"
     )
-    port, grpc_port = free_port(), free_port()
-    with (tmp_path / "gateway.log").open("wb") as log:
-        gateway = subprocess.Popen(
-            [
-                sys.executable, "-m", "api.cli", "gateway",
-                "--http-address", "127.0.0.1", "--http-port", str(port),
-                "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc_port),
-                "--metrics-port", str(free_port()),
-                "--redis-url", server.redis_url, "--key-prefix", server.key_prefix,
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    gateway, port, grpc_port = start_gateway(
+        server.redis_url, server.key_prefix, tmp_path / "gateway.log"
+    )
     try:
         http = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
         deadline = time.monotonic() + 30
