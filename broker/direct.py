@@ -3,9 +3,9 @@
 redis-py's client methods check a connection out of the pool, wrap each call in
 retries and events and parse replies into dicts; on the worker's per-batch path
 that costs more CPU than the round trip itself. :class:`DirectConnection` keeps
-redis-py's protocol code (packing, the hiredis parser) and skips the rest: it
-owns one connection, sends a command or a whole pipeline in one write and
-returns the raw replies (RESP2, bytes).
+redis-py's connection and hiredis parser, packs with :func:`broker.resp.pack_pipeline`
+and skips the rest: it owns one connection, sends a command or a whole pipeline in
+one write and returns the raw replies (RESP2, bytes).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 import redis
 import redis.exceptions
 
+from broker.resp import pack_pipeline
 from broker.scripts import ALL_SCRIPTS
 
 Command = Sequence[object]
@@ -78,7 +79,7 @@ class DirectConnection:
 
     def _round_trip(self, commands: Sequence[Command]) -> list[Any]:
         conn = self._conn
-        conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+        conn.send_packed_command([pack_pipeline(commands)], check_health=False)
         replies: list[Any] = []
         for _ in commands:
             try:

@@ -21,6 +21,7 @@ from typing import Any
 import redis.asyncio
 import redis.exceptions
 
+from broker.resp import pack_pipeline
 from broker.scripts import Script
 
 logger = logging.getLogger(__name__)
@@ -111,7 +112,7 @@ class MultiplexedConnection:
                 continue
             try:
                 conn = await self._connected()
-                packed = conn.pack_commands([args for args, _ in batch])
+                packed = [pack_pipeline([args for args, _ in batch])]
                 if not self._inflight:
                     self._progress_ns = time.monotonic_ns()
                 self._inflight.extend(f for _, f in batch)

@@ -61,18 +61,51 @@ class StatsDelta:
 
         Triton: a request in a batch is charged the whole batch's compute durations.
         """
-        values = {
-            "success": request_ns,
-            "queue": queue_ns,
-            "compute_input": times.compute_input_ns,
-            "compute_infer": times.compute_infer_ns,
-            "compute_output": times.compute_output_ns,
-        }
-        for name, ns in values.items():
-            self.add(f"{name}_count", 1)
-            self.add(f"{name}_ns", max(0, ns))
-        self.add("inference_count", max(1, batch_size))
-        self.last_inference_ms = max(self.last_inference_ms, now_ms)
+        self.successes(
+            count=1,
+            inferences=max(1, batch_size),
+            request_ns=max(0, request_ns),
+            queue_ns=max(0, queue_ns),
+            times=times,
+            now_ms=now_ms,
+        )
+
+    def successes(
+        self,
+        *,
+        count: int,
+        inferences: int,
+        request_ns: int,
+        queue_ns: int,
+        times: ExecutionTimes,
+        now_ms: int,
+    ) -> None:
+        """``count`` successful requests of one execution, added at once.
+
+        Args:
+            count: requests that succeeded.
+            inferences: Σ of their batch sizes (a request without a batch dimension
+                counts 1; Triton ``inference_count``).
+            request_ns: Σ of their end-to-end durations, in ns.
+            queue_ns: Σ of their queue durations, in ns.
+            times: the execution's compute durations, charged to every request
+                (Triton: a request in a batch is charged the whole batch's durations).
+            now_ms: completion time, ms since the epoch (``last_inference_ms``).
+        """
+        counts = self.counts
+        get = counts.get
+        for name, ns in (
+            ("success", request_ns),
+            ("queue", queue_ns),
+            ("compute_input", count * times.compute_input_ns),
+            ("compute_infer", count * times.compute_infer_ns),
+            ("compute_output", count * times.compute_output_ns),
+        ):
+            counts[name + "_count"] = get(name + "_count", 0) + count
+            counts[name + "_ns"] = get(name + "_ns", 0) + ns
+        counts["inference_count"] = get("inference_count", 0) + inferences
+        if now_ms > self.last_inference_ms:
+            self.last_inference_ms = now_ms
 
     def failure(self, *, request_ns: int, reason: str) -> None:
         """One failed request; ``reason`` is one of :data:`FAIL_REASONS`."""

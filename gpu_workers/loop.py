@@ -337,12 +337,13 @@ class InstanceLoop:
         delta = StatsDelta()
         if runnable:
             delta.execution(executed_size, times)
-        for item in successes:
-            message = item.delivery.message
-            delta.success(
-                batch_size=item.batch_size,
-                request_ns=done - message.enqueued_ns,
-                queue_ns=start - message.enqueued_ns,
+        if successes:
+            enqueued = [item.delivery.message.enqueued_ns for item in successes]
+            delta.successes(
+                count=len(successes),
+                inferences=sum(max(1, item.batch_size) for item in successes),
+                request_ns=sum(max(0, done - t) for t in enqueued),
+                queue_ns=sum(max(0, start - t) for t in enqueued),
                 times=times,
                 now_ms=done // 1_000_000,
             )
