@@ -91,6 +91,8 @@ class DataPlane:
         self._id_prefix = f"{settings.gateway_id}-"
         self._ids = itertools.count()
         self._exiting = False
+        #: (model, version) -> its stream layout, rebuilt when the view's policy changes
+        self._layouts: dict[tuple[str, int], StreamLayout] = {}
 
     def begin_shutdown(self) -> None:
         """Refuse new inference requests from now on (the server is exiting).
@@ -419,7 +421,10 @@ class DataPlane:
             enqueued_ns=now_ns,
             classification={o.name: o.class_count for o in outputs if o.class_count > 0},
         )
-        layout = StreamLayout(self._keys, model, resolved, view.policy)
+        layout = self._layouts.get((model, resolved))
+        if layout is None or layout.policy is not view.policy:
+            layout = StreamLayout(self._keys, model, resolved, view.policy)
+            self._layouts[(model, resolved)] = layout
         level = layout.level_of(int(parameters.get("priority", 0) or 0))
         max_queue_size = view.policy.queue_policy(level).max_queue_size
         future = self.router.expect(request_id)

@@ -53,21 +53,12 @@ class ModelView:
     policy: DynamicBatchingPolicy
     ready: tuple[int, ...] = ()
     fetched_at: float = field(default=0.0, compare=False)
-
-    @property
-    def max_batch_size(self) -> int:
-        """Triton model_config.proto ``max_batch_size`` (0 = no batch dimension)."""
-        return int(self.config.max_batch_size)
-
-    @property
-    def platform(self) -> str:
-        """Metadata ``platform``: the config's platform, else its backend (PROTOCOL.md 1.5)."""
-        return self.config.platform or self.config.backend
-
-    @property
-    def decoupled(self) -> bool:
-        """Triton ``model_transaction_policy.decoupled``."""
-        return bool(self.config.model_transaction_policy.decoupled)
+    max_batch_size: int = 0
+    """Triton model_config.proto ``max_batch_size`` (0 = no batch dimension)."""
+    platform: str = ""
+    """Metadata ``platform``: the config's platform, else its backend (PROTOCOL.md 1.5)."""
+    decoupled: bool = False
+    """Triton ``model_transaction_policy.decoupled``."""
 
     def ready_versions(self) -> list[int]:
         """Versions in state READY, ascending."""
@@ -128,6 +119,9 @@ def build_view(record: ModelRecord) -> ModelView:
         policy=scheduling_policy(config),
         ready=tuple(sorted(v for v, s in record.versions.items() if s.state is ModelState.READY)),
         fetched_at=time.monotonic(),
+        max_batch_size=int(config.max_batch_size),
+        platform=config.platform or config.backend,
+        decoupled=bool(config.model_transaction_policy.decoupled),
     )
 
 
