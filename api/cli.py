@@ -12,11 +12,18 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
+import pydantic
+import redis.exceptions
+
+from api.access import AccessPolicy
 from api.frontend_flags import add_frontend_arguments, forward_frontend_arguments
-from api.gateway import _bool, add_gateway_arguments
+from api.gateway import _bool, add_gateway_arguments, settings_from_args
+from gpu_workers.supervisor import GatewayStartError
+from repository.errors import RepositoryError
 
 logger = logging.getLogger("sluice")
 
@@ -130,12 +137,23 @@ def serve(args: argparse.Namespace) -> int:
         gateway_args=tuple(forward_frontend_arguments(args)),
         extra_env=log_options.to_env(),  # gateway and workers log as this process does
     )
-    supervisor = Supervisor(options)
+    try:
+        supervisor = Supervisor(options)
+        problem = check_gateway_start(supervisor.gateway_argv())
+        if problem is None:
+            supervisor.reset_state()
+    except redis.exceptions.RedisError as exc:
+        problem = f"cannot use Redis at {redis_url}: {exc}"
+    except RepositoryError as exc:
+        problem = str(exc)
+    if problem is not None:
+        logger.error("%s", problem)
+        _stop_private_redis(redis_process)
+        return 1
     signal.signal(signal.SIGINT, supervisor.request_stop)
     signal.signal(signal.SIGTERM, supervisor.request_stop)
     code = 0
     try:
-        supervisor.reset_state()
         supervisor.start_gateways()
         failures = supervisor.load_startup_models()
         for line in failures:
@@ -154,12 +172,65 @@ def serve(args: argparse.Namespace) -> int:
                     8001 if args.grpc_port is None else args.grpc_port,
                 )
             supervisor.watch()
+    except (GatewayStartError, RepositoryError) as exc:
+        logger.error("exiting: %s", exc)
+        code = 1
     finally:
         supervisor.shutdown()
-        if redis_process is not None:
-            redis_process.terminate()  # type: ignore[attr-defined]
-            redis_process.wait(10)  # type: ignore[attr-defined]
+        _stop_private_redis(redis_process)
     return code
+
+
+def _stop_private_redis(process: object | None) -> None:
+    if process is not None:
+        process.terminate()  # type: ignore[attr-defined]
+        process.wait(10)  # type: ignore[attr-defined]
+
+
+def check_gateway_start(argv: list[str]) -> str | None:
+    """Why a gateway started with ``argv`` would fail at once, or None.
+
+    Checked before anything starts, so a bad flag or a taken port ends ``sluice serve``
+    with one line instead of a gateway restarted in a loop: the flags are validated as
+    the gateway validates them, and every port it will listen on must be free. A port
+    another server holds with ``SO_REUSEPORT`` (``--gateway-processes`` > 1) counts as
+    taken, so two servers never split one port's traffic.
+    """
+    parser = argparse.ArgumentParser(prog="sluice gateway")
+    add_gateway_arguments(parser)
+    try:
+        settings = settings_from_args(parser.parse_args(argv))
+        AccessPolicy(settings.http.restricted_apis)
+        AccessPolicy(settings.grpc.restricted_protocols)
+    except pydantic.ValidationError as exc:
+        errors = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        return f"invalid gateway settings: {errors}"
+    except ValueError as exc:
+        return f"invalid gateway settings: {exc}"
+    listeners = [("HTTP", settings.http.address, settings.http.port)]
+    if settings.grpc.enabled:
+        listeners.append(("gRPC", settings.grpc.address, settings.grpc.port))
+    if settings.metrics.enabled:
+        address = settings.metrics.address or settings.http.address
+        listeners.append(("metrics", address, settings.metrics.port))
+    for what, address, port in listeners:
+        if port and not port_is_free(address, port):
+            return f"the {what} port {port} on {address} is in use by another process"
+    return None
+
+
+def port_is_free(address: str, port: int) -> bool:
+    """Whether a TCP listener could bind ``address:port`` (no other socket holds it)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((address, port))
+        except OSError:
+            return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from api.models import ModelView, TensorSpec
 from broker.datatypes import ELEMENT_SIZES, deserialize_bytes, element_count
-from broker.errors import invalid_arg
+from broker.errors import SluiceError, invalid_arg
 from broker.messages import RequestedOutput, WireTensor
 
 #: Triton classification extension: only numeric, non-16-bit outputs can be classified.
@@ -20,6 +20,17 @@ _UNCLASSIFIABLE = frozenset({"BOOL", "BYTES", "FP16", "BF16"})
 
 def _dims_text(dims: Sequence[int]) -> str:
     return "[" + ",".join(str(d) for d in dims) + "]"
+
+
+def negative_shape(name: str, model: str) -> SluiceError:
+    """INVALID_ARG for an input shape with a negative (or non-integer) dimension; the same
+    text for a JSON ``shape`` that does not parse and a gRPC ``shape`` below zero."""
+    return invalid_arg(
+        f"Unable to parse 'shape' for input '{name}' of model '{model}': "
+        "expected an array of non-negative integers",
+        model=model,
+        tensor=name,
+    )
 
 
 def _shape_matches(shape: Sequence[int], dims: Sequence[int]) -> bool:
@@ -64,6 +75,8 @@ def validate_request(
                 model=model,
                 tensor=tensor.name,
             )
+        if any(dim < 0 for dim in tensor.shape):
+            raise negative_shape(tensor.name, model)
     required = sum(1 for spec in view.inputs.values() if not spec.optional)
     given = {t.name for t in inputs}
     missing = [s.name for s in view.inputs.values() if not s.optional and s.name not in given]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -38,6 +39,14 @@ logger = logging.getLogger(__name__)
 
 #: how often the watch loop looks at its children and the control stream, in ms.
 WATCH_MS = 200
+#: a gateway that exits within this many seconds of its start failed to start, in s.
+GATEWAY_SETTLED_S = 10.0
+#: consecutive failed starts of one gateway after which ``sluice serve`` gives up.
+GATEWAY_START_ATTEMPTS = 3
+
+
+class GatewayStartError(RuntimeError):
+    """A gateway process keeps exiting right after it starts (a port taken, a bad flag)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,25 +118,25 @@ class Supervisor:
         for index in range(len(self.gateways)):
             self._start_gateway(index)
 
-    def _start_gateway(self, index: int) -> None:
+    def gateway_argv(self) -> list[str]:
+        """The command-line flags every gateway process is started with."""
         o = self.options
-        self.gateways[index] = self.spawner.spawn(
-            [
-                "-m",
-                "api.gateway",
-                "--http-address",
-                o.http_address,
-                "--http-port",
-                str(o.http_port),
-                "--log-verbose",
-                str(o.log_verbose),
-                "--strict-readiness",
-                "true" if o.strict_readiness else "false",
-                "--request-timeout-secs",
-                str(o.request_timeout_s),
-                *o.gateway_args,
-            ]
-        )
+        return [
+            "--http-address",
+            o.http_address,
+            "--http-port",
+            str(o.http_port),
+            "--log-verbose",
+            str(o.log_verbose),
+            "--strict-readiness",
+            "true" if o.strict_readiness else "false",
+            "--request-timeout-secs",
+            str(o.request_timeout_s),
+            *o.gateway_args,
+        ]
+
+    def _start_gateway(self, index: int) -> None:
+        self.gateways[index] = self.spawner.spawn(["-m", "api.gateway", *self.gateway_argv()])
 
     def load_startup_models(self) -> list[str]:
         """Load what the model control mode loads at start (Triton 5.13).
@@ -165,6 +174,14 @@ class Supervisor:
             for index, gateway in enumerate(self.gateways):
                 if gateway is None or gateway.poll() is None:
                     continue
+                if time.monotonic() - started[index] >= GATEWAY_SETTLED_S:
+                    restarts[index] = 0  # it ran a while: a crash, not a start-up failure
+                elif restarts[index] >= GATEWAY_START_ATTEMPTS - 1:
+                    raise GatewayStartError(
+                        f"gateway {index} exited with code {gateway.returncode} within "
+                        f"{GATEWAY_SETTLED_S:.0f} s of each of {GATEWAY_START_ATTEMPTS} starts; "
+                        "see its log lines above"
+                    )
                 delay = min(30.0, 0.5 * 2 ** min(restarts[index], 6))
                 if time.monotonic() - started[index] >= delay:
                     logger.error(
@@ -238,8 +255,17 @@ class Supervisor:
         self.manager.stopping = True
 
     def shutdown(self) -> None:
-        """Stop every instance, then the gateway; kill what outlives the exit timeout."""
+        """Stop the gateways taking requests, drain every instance, then wait for the gateways.
+
+        The gateways are signalled first: from then on they answer new requests with
+        503 / UNAVAILABLE "Server is shutting down" (not the 404 of a model whose
+        versions are already unloaded) while the requests they hold are still run by
+        the draining instances. What outlives the exit timeout is killed.
+        """
         self._stopping = True
+        for gateway in self.gateways:
+            if gateway is not None and gateway.poll() is None:
+                gateway.send_signal(signal.SIGTERM)
         with contextlib.suppress(redis.exceptions.RedisError):
             self.store.set_server(startup="exiting")
         try:

@@ -29,6 +29,7 @@ from api.parameters import (
     is_uint,
     shared_memory_unsupported,
 )
+from api.validation import negative_shape
 from broker.datatypes import (
     ELEMENT_SIZES,
     NUMPY_DTYPES,
@@ -231,7 +232,7 @@ def _parse_inputs(
 
 def _parse_shape(raw: object, name: str, model: str) -> tuple[int, ...]:
     if not isinstance(raw, list) or not all(is_uint(dim) for dim in raw):
-        raise _unable("shape", name, model, "expected an array of non-negative integers")
+        raise negative_shape(name, model)
     return tuple(raw)
 
 

@@ -461,6 +461,21 @@ def test_error_byte_size_mismatch(stub) -> None:
     )
 
 
+def test_error_negative_dimension_names_its_input(stub) -> None:
+    """A shape below zero is refused for the tensor that has it, with the HTTP text."""
+    request = service_pb2.ModelInferRequest(model_name="add_sub")
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[-1, 16])
+    request.inputs.add(name="INPUT1", datatype="FP32", shape=[1, 16])
+    request.raw_input_contents.extend([b"\0" * 64, b"\0" * 64])
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelInfer(request, timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == (
+        "Unable to parse 'shape' for input 'INPUT0' of model 'add_sub': "
+        "expected an array of non-negative integers"
+    )
+
+
 def test_error_model_returns_error(grpc_client) -> None:
     tensor = grpcclient.InferInput("X", [1, 1], "INT32")
     tensor.set_data_from_numpy(np.array([[-1]], np.int32))

@@ -315,6 +315,22 @@ def test_error_binary_body_too_short(server) -> None:
     assert "unexpected size for input 'INPUT1'" in response.json()["error"]
 
 
+def test_error_negative_dimension_names_its_input(server) -> None:
+    """The same text as gRPC's for a shape below zero."""
+    header = {
+        "inputs": [
+            {"name": "INPUT0", "shape": [-1, 16], "datatype": "FP32", "data": [0.0] * 16},
+            {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "data": [0.0] * 16},
+        ]
+    }
+    response = _raw_infer(server, header)
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": "Unable to parse 'shape' for input 'INPUT0' of model 'add_sub': "
+        "expected an array of non-negative integers"
+    }
+
+
 def test_error_malformed_json(server) -> None:
     response = requests.post(
         f"{server.base}/v2/models/add_sub/infer", data=b"{not json", timeout=10
