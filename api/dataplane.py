@@ -347,6 +347,34 @@ class DataPlane:
 
     # -- inference --------------------------------------------------------------------------
 
+    async def resolve_for_infer(self, model: str, version: int | None) -> tuple[ModelView, int]:
+        """The view and version an inference request runs on.
+
+        While the server exits, the supervisor marks every version unloaded; a request
+        that sees that before its gateway has begun shutting down gets the stopping
+        server's 503 / UNAVAILABLE, not the 404 of an unknown model (the server-wide
+        ``startup`` fact is ``exiting`` before any version is unloaded).
+
+        Raises:
+            SluiceError: UNAVAILABLE "Server is shutting down", or what
+                :meth:`ModelRegistry.resolve` raises.
+        """
+        if self._exiting:
+            raise _shutting_down(model)
+        try:
+            return await self.registry.resolve(model, version)
+        except SluiceError as exc:
+            if exc.code is ErrorCode.NOT_FOUND and await self._server_exiting():
+                self._exiting = True
+                raise _shutting_down(model) from None
+            raise
+
+    async def _server_exiting(self) -> bool:
+        try:
+            return (await self.registry.server_facts()).get("startup") == "exiting"
+        except Exception:
+            return False
+
     async def infer(
         self,
         model: str,
@@ -394,11 +422,7 @@ class DataPlane:
         outputs: Sequence[RequestedOutput],
         parameters: dict[str, ParameterValue],
     ) -> InferResult:
-        if self._exiting:
-            raise SluiceError(
-                ErrorCode.UNAVAILABLE, "Server is shutting down: request refused", model=model
-            )
-        view, resolved = await self.registry.resolve(model, version)
+        view, resolved = await self.resolve_for_infer(model, version)
         if view.decoupled:
             raise SluiceError(
                 ErrorCode.UNSUPPORTED,
@@ -444,3 +468,9 @@ class DataPlane:
         return InferResult(
             model, response.version, client_id, response.outputs, dict(response.parameters)
         )
+
+
+def _shutting_down(model: str) -> SluiceError:
+    return SluiceError(
+        ErrorCode.UNAVAILABLE, "Server is shutting down: request refused", model=model
+    )

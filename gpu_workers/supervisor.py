@@ -263,11 +263,11 @@ class Supervisor:
         the draining instances. What outlives the exit timeout is killed.
         """
         self._stopping = True
+        with contextlib.suppress(redis.exceptions.RedisError):
+            self.store.set_server(startup="exiting")  # before any version is unloaded
         for gateway in self.gateways:
             if gateway is not None and gateway.poll() is None:
                 gateway.send_signal(signal.SIGTERM)
-        with contextlib.suppress(redis.exceptions.RedisError):
-            self.store.set_server(startup="exiting")
         try:
             self.manager.shutdown(self.options.exit_timeout_s)
         except redis.exceptions.RedisError as exc:

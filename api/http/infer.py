@@ -65,7 +65,7 @@ async def handle_infer(
     Raises:
         SluiceError: anything Triton answers with an error status.
     """
-    await dp.registry.resolve(model, version)  # unknown model: 404 before the body is read
+    await dp.resolve_for_infer(model, version)  # unknown model: 404 before the body is read
     limit = dp.settings.http.max_body_bytes
     encoding = headers.get(b"content-encoding")
     body = decompress(
