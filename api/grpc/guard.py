@@ -5,6 +5,8 @@ Every servicer method is wrapped once, when the servicer is built
 
 * a call to a restricted API group without the right metadata is refused with
   PERMISSION_DENIED before the method runs (:mod:`api.access`);
+* a request message that did not parse (:class:`api.grpc.registration.Unparsed`)
+  is answered INTERNAL, as gRPC C++ answers it;
 * ``SluiceError`` -> its code's gRPC status (Triton ``grpc_utils.cc``
   ``CodeToStatus``, :data:`api.errors.GRPC_STATUS`) with the message as details;
   Redis connection/timeout errors -> UNAVAILABLE; anything else -> INTERNAL, logged
@@ -24,7 +26,8 @@ import redis.exceptions
 
 from api.access import AccessPolicy
 from api.errors import grpc_status
-from broker.errors import SluiceError
+from api.grpc.registration import Unparsed
+from broker.errors import ErrorCode, SluiceError
 
 __all__ = ["RPC_GROUPS", "guard_servicer", "metadata_dict", "translate"]
 
@@ -94,6 +97,8 @@ def _guard_unary(
         refusal = _refusal(policy, group, context)
         if refusal is not None:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
+        if isinstance(request, Unparsed):
+            await context.abort(grpc.StatusCode.INTERNAL, request.message)
         try:
             return await method(request, context)
         except grpc.aio.AbortError:
@@ -116,7 +121,7 @@ def _guard_stream(
         if refusal is not None:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
         try:
-            async for item in method(requests, context):
+            async for item in method(_parsed(requests), context):
                 yield item
         except grpc.aio.AbortError:
             raise
@@ -125,6 +130,14 @@ def _guard_stream(
             await context.abort(code, details)
 
     return guarded
+
+
+async def _parsed(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """The stream's requests; one that did not parse ends the stream with INTERNAL."""
+    async for request in requests:
+        if isinstance(request, Unparsed):
+            raise SluiceError(ErrorCode.INTERNAL, request.message)
+        yield request
 
 
 def guard_servicer(servicer: Any, policy: AccessPolicy, groups: Mapping[str, str]) -> Any:

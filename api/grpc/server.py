@@ -14,9 +14,9 @@ import logging
 from pathlib import Path
 
 import grpc
-from tritonclient.grpc import service_pb2_grpc
 
 from api.dataplane import DataPlane
+from api.grpc.registration import add_servicer
 from api.grpc.servicer import build_servicer
 from api.settings import GrpcSettings
 
@@ -86,7 +86,7 @@ class GrpcFrontEnd:
             settings.restricted_protocols,
             compress_infer=settings.infer_response_compression_level != "none",
         )
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, self.server)
+        add_servicer(servicer, self.server)
         address = f"{settings.address}:{settings.port}"
         if settings.use_ssl or settings.use_ssl_mutual:
             self.port = self.server.add_secure_port(address, _credentials(settings))

@@ -485,6 +485,36 @@ def test_error_model_returns_error(grpc_client) -> None:
     assert "negative input" in info.value.message()
 
 
+def test_unparseable_request_is_internal(server, grpc_client) -> None:
+    """Bytes that are not a ModelInferRequest: INTERNAL naming the message, as gRPC C++;
+    a stream ends the same way; the server keeps serving."""
+    channel = grpc.insecure_channel(server.grpc_url)
+    try:
+        unary = channel.unary_unary(
+            "/inference.GRPCInferenceService/ModelInfer",
+            request_serializer=lambda raw: raw,
+            response_deserializer=lambda raw: raw,
+        )
+        with pytest.raises(grpc.RpcError) as info:
+            unary(b"\xff\xff\xff\xff", timeout=30)
+        assert info.value.code() == grpc.StatusCode.INTERNAL
+        assert info.value.details().startswith(
+            "failed to parse the ModelInferRequest message: "
+        ), info.value.details()
+        stream = channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            request_serializer=lambda raw: raw,
+            response_deserializer=lambda raw: raw,
+        )
+        with pytest.raises(grpc.RpcError) as info:
+            list(stream(iter([b"\xff\xff\xff\xff"]), timeout=30))
+        assert info.value.code() == grpc.StatusCode.INTERNAL
+        assert "failed to parse the ModelInferRequest message" in info.value.details()
+    finally:
+        channel.close()
+    test_add_sub_exact(grpc_client)
+
+
 def test_server_still_serving_after_errors(grpc_client) -> None:
     a = np.ones((1, 15), np.float32)
     for _ in range(3):
