@@ -19,9 +19,8 @@ from pathlib import Path
 import pydantic
 import redis.exceptions
 
-from api.access import AccessPolicy
 from api.frontend_flags import add_frontend_arguments, forward_frontend_arguments
-from api.gateway import _bool, add_gateway_arguments, settings_from_args
+from api.gateway import _bool, add_gateway_arguments, check_access_specs, settings_from_args
 from gpu_workers.supervisor import GatewayStartError
 from repository.errors import RepositoryError
 
@@ -200,8 +199,7 @@ def check_gateway_start(argv: list[str]) -> str | None:
     add_gateway_arguments(parser)
     try:
         settings = settings_from_args(parser.parse_args(argv))
-        AccessPolicy(settings.http.restricted_apis)
-        AccessPolicy(settings.grpc.restricted_protocols)
+        check_access_specs(settings)
     except pydantic.ValidationError as exc:
         errors = "; ".join(
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()

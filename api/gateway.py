@@ -80,6 +80,17 @@ def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
     return apply_frontend_arguments(settings.model_copy(update=update), args)
 
 
+def check_access_specs(settings: GatewaySettings) -> None:
+    """Parse both restricted-API specs (``--http-restricted-api``,
+    ``--grpc-restricted-protocol``).
+
+    Raises:
+        ValueError: a malformed spec, naming it.
+    """
+    AccessPolicy(settings.http.restricted_apis)
+    AccessPolicy(settings.grpc.restricted_protocols)
+
+
 class _Server(uvicorn.Server):
     """uvicorn without its own signal handling: the gateway stops every front end at once."""
 
@@ -98,8 +109,7 @@ async def serve_gateway(settings: GatewaySettings) -> None:
     """
     from api.grpc.server import GrpcFrontEnd  # grpc.aio only in the gateway process
 
-    AccessPolicy(settings.http.restricted_apis)  # a bad spec fails start-up, naming it
-    AccessPolicy(settings.grpc.restricted_protocols)
+    check_access_specs(settings)  # a bad spec fails start-up, naming it
     client = connect(settings)
     dataplane = build_dataplane(settings, client)
     grpc_front: GrpcFrontEnd | None = None

@@ -54,22 +54,6 @@ class StatsDelta:
         self.add(prefix + "compute_infer_ns", times.compute_infer_ns)
         self.add(prefix + "compute_output_ns", times.compute_output_ns)
 
-    def success(
-        self, *, batch_size: int, request_ns: int, queue_ns: int, times: ExecutionTimes, now_ms: int
-    ) -> None:
-        """One successful request (``success``, ``queue``, ``compute_*``, ``inference_count``).
-
-        Triton: a request in a batch is charged the whole batch's compute durations.
-        """
-        self.successes(
-            count=1,
-            inferences=max(1, batch_size),
-            request_ns=max(0, request_ns),
-            queue_ns=max(0, queue_ns),
-            times=times,
-            now_ms=now_ms,
-        )
-
     def successes(
         self,
         *,

@@ -279,6 +279,19 @@ def start_gateway(
     return process, port, grpc_port
 
 
+def wait_server_ready(client: object, timeout_s: float = 30.0) -> None:
+    """Poll ``client.is_server_ready()`` (tritonclient) until true or ``timeout_s`` passed;
+    errors while the gateway starts count as not ready."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if client.is_server_ready():  # type: ignore[attr-defined]
+                return
+        except Exception:
+            pass
+        time.sleep(0.1)
+
+
 def stop_server(server: Server, timeout_s: float = 30.0) -> int:
     """SIGINT (Ctrl-C) and wait; returns the exit code."""
     if server.process.poll() is None:

@@ -448,29 +448,30 @@ def test_error_unknown_output(grpc_client) -> None:
     assert err.message() == "unexpected inference output 'NOPE' for model 'add_sub'"
 
 
-def test_error_byte_size_mismatch(stub) -> None:
+def _raw_add_sub_error(stub, input0_shape: list[int], input0_bytes: int) -> grpc.RpcError:
+    """The error of an add_sub request with raw contents (INPUT1 is a valid [1, 16])."""
     request = service_pb2.ModelInferRequest(model_name="add_sub")
-    request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 16])
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=input0_shape)
     request.inputs.add(name="INPUT1", datatype="FP32", shape=[1, 16])
-    request.raw_input_contents.extend([b"\0" * 60, b"\0" * 64])
+    request.raw_input_contents.extend([b"\0" * input0_bytes, b"\0" * 64])
     with pytest.raises(grpc.RpcError) as info:
         stub.ModelInfer(request, timeout=30)
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert info.value.details() == (
+    return info.value
+
+
+def test_error_byte_size_mismatch(stub) -> None:
+    error = _raw_add_sub_error(stub, [1, 16], 60)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details() == (
         "input byte size mismatch for input 'INPUT0' for model 'add_sub'. Expected 64, got 60"
     )
 
 
 def test_error_negative_dimension_names_its_input(stub) -> None:
     """A shape below zero is refused for the tensor that has it, with the HTTP text."""
-    request = service_pb2.ModelInferRequest(model_name="add_sub")
-    request.inputs.add(name="INPUT0", datatype="FP32", shape=[-1, 16])
-    request.inputs.add(name="INPUT1", datatype="FP32", shape=[1, 16])
-    request.raw_input_contents.extend([b"\0" * 64, b"\0" * 64])
-    with pytest.raises(grpc.RpcError) as info:
-        stub.ModelInfer(request, timeout=30)
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert info.value.details() == (
+    error = _raw_add_sub_error(stub, [-1, 16], 64)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details() == (
         "Unable to parse 'shape' for input 'INPUT0' of model 'add_sub': "
         "expected an array of non-negative integers"
     )

@@ -16,7 +16,14 @@ import redis
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from e2e_support import Server, build_batch_scale, start_gateway, start_server, stop_server
+from e2e_support import (
+    Server,
+    build_batch_scale,
+    start_gateway,
+    start_server,
+    stop_server,
+    wait_server_ready,
+)
 from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.e2e
@@ -240,14 +247,7 @@ def test_second_gateway_sees_the_same_models(explicit_server: Server, tmp_path: 
     )
     try:
         second = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if second.is_server_ready():
-                    break
-            except Exception:
-                pass
-            time.sleep(0.1)
+        wait_server_ready(second)
         first = httpclient.InferenceServerClient(explicit_server.http_url)
         assert second.get_model_repository_index() == first.get_model_repository_index()
         a = np.ones((1, 16), np.float32)

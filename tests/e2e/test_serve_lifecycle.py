@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import requests
 import tritonclient.http as httpclient
-from e2e_support import children_of, start_gateway, start_server, stop_server
+from e2e_support import children_of, start_gateway, start_server, stop_server, wait_server_ready
 from tritonclient.utils import InferenceServerException
 
 from broker.redis_server import start_private_redis
@@ -270,14 +270,7 @@ def test_gateway_is_not_ready_when_no_instance_lives(model_repository, redis_url
     )
     try:
         http = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if http.is_server_ready():
-                    break
-            except Exception:
-                pass
-            time.sleep(0.1)
+        wait_server_ready(http)
         assert http.is_server_ready() and http.is_model_ready("add_sub")
         children = children_of(server.process.pid)
         server.process.kill()  # the supervisor; its children die with it

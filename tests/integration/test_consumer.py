@@ -55,11 +55,10 @@ def test_finish_replies_acks_and_counts_in_one_trip(client: redis.Redis, key_pre
         ]
         delta = StatsDelta()
         delta.execution(4, ExecutionTimes(10, 20, 30))
-        for _ in deliveries:
-            delta.success(
-                batch_size=1, request_ns=100, queue_ns=5, times=ExecutionTimes(10, 20, 30),
-                now_ms=1234,
-            )  # fmt: skip
+        delta.successes(
+            count=len(deliveries), inferences=len(deliveries), request_ns=100 * len(deliveries),
+            queue_ns=5 * len(deliveries), times=ExecutionTimes(10, 20, 30), now_ms=1234,
+        )  # fmt: skip
         consumer.finish(
             [
                 (d.message.reply_to, InferResponseMessage(d.message.request_id, "m", 1))
