@@ -25,7 +25,7 @@ Command = Sequence[object]
 class DirectConnection:
     """One connection of the client's pool, held by one thread.
 
-    A lost connection is re-opened once per call (a command whose reply was lost may
+    A lost connection is re-opened once per pipeline (a command whose reply was lost may
     have run; callers' commands tolerate that: ``XACK`` is idempotent, a duplicate
     reply is dropped by the gateway). ``EVALSHA`` of an unknown script (Redis
     restarted) loads :data:`broker.scripts.ALL_SCRIPTS` and runs again.
@@ -37,19 +37,6 @@ class DirectConnection:
     def __init__(self, client: redis.Redis) -> None:
         self._conn = client.connection_pool.make_connection()
 
-    def call(self, *args: object) -> Any:
-        """Run one command; returns its raw reply.
-
-        Raises:
-            redis.exceptions.ResponseError: the command's error reply.
-            redis.exceptions.ConnectionError, redis.exceptions.TimeoutError: Redis is
-                unreachable twice in a row, or does not answer within the socket timeout.
-        """
-        reply = self.pipeline([args])[0]
-        if isinstance(reply, redis.exceptions.ResponseError):
-            raise reply
-        return reply
-
     def pipeline(self, commands: Sequence[Command]) -> list[Any]:
         """Send ``commands`` in one write and read their replies in order.
 
@@ -58,7 +45,8 @@ class DirectConnection:
             ``ResponseError`` instance, not raised.
 
         Raises:
-            redis.exceptions.ConnectionError, redis.exceptions.TimeoutError: as :meth:`call`.
+            redis.exceptions.ConnectionError, redis.exceptions.TimeoutError: Redis is
+                unreachable twice in a row, or does not answer within the socket timeout.
         """
         try:
             replies = self._round_trip(commands)
