@@ -53,7 +53,7 @@ def _ready(port: int) -> bool:
         return False
 
 
-def _redis_cpu_ticks() -> int:
+def redis_cpu_ticks() -> int:
     """utime+stime (clock ticks) of every redis-server process on the machine."""
     total = 0
     for pid in os.listdir("/proc"):
@@ -87,9 +87,7 @@ def run(args: argparse.Namespace) -> Path:
 
 
 def _measure(args: argparse.Namespace, command: list[str], log: object, out: Path) -> None:
-    server = subprocess.Popen(
-        command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while not _ready(args.http_port):
@@ -105,10 +103,10 @@ def _measure(args: argparse.Namespace, command: list[str], log: object, out: Pat
             "--models", args.models, "--conc", args.conc, "--gens", args.gens,
             "--duration", str(args.duration), "--warmup", str(args.warmup), "--out", str(out),
         ]  # fmt: skip
-        ticks = _redis_cpu_ticks()
+        ticks = redis_cpu_ticks()
         started = time.monotonic()
         subprocess.run(harness, check=False, stdout=subprocess.DEVNULL, timeout=args.limit_s)
-        redis_cpu_s = (_redis_cpu_ticks() - ticks) / os.sysconf("SC_CLK_TCK")
+        redis_cpu_s = (redis_cpu_ticks() - ticks) / os.sysconf("SC_CLK_TCK")
         (out / "redis_cpu.json").write_text(
             json.dumps({"redis_cpu_s": redis_cpu_s, "wall_s": time.monotonic() - started})
         )
