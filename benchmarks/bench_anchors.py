@@ -53,9 +53,9 @@ def _ready(port: int) -> bool:
         return False
 
 
-def redis_cpu_ticks() -> int:
-    """utime+stime (clock ticks) of every redis-server process on the machine."""
-    total = 0
+def proc_table() -> dict[int, tuple[str, int, int]]:
+    """Every process on the machine: pid -> (name, parent pid, utime+stime in clock ticks)."""
+    table: dict[int, tuple[str, int, int]] = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -63,10 +63,15 @@ def redis_cpu_ticks() -> int:
             stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             continue
-        if "(redis-server)" in stat:
-            fields = stat[stat.rindex(")") + 2 :].split()
-            total += int(fields[11]) + int(fields[12])
-    return total
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        table[int(pid)] = (name, int(fields[1]), int(fields[11]) + int(fields[12]))
+    return table
+
+
+def redis_cpu_ticks() -> int:
+    """utime+stime (clock ticks) of every redis-server process on the machine."""
+    return sum(ticks for name, _, ticks in proc_table().values() if name == "redis-server")
 
 
 def run(args: argparse.Namespace) -> Path:

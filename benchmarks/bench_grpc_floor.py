@@ -31,7 +31,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench_anchors import ANCHORS, ROOT, redis_cpu_ticks
+from bench_anchors import ANCHORS, ROOT, proc_table, redis_cpu_ticks
 
 PA = ANCHORS / "perf_analyzer"
 MODEL = "identity_fp32"
@@ -65,27 +65,16 @@ class Server:
 
 def tree_cpu_ticks(root: int) -> int:
     """utime+stime of ``root`` and every descendant, in clock ticks."""
-    parents: dict[int, int] = {}
-    ticks: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        parents[int(entry)] = int(fields[1])
-        ticks[int(entry)] = int(fields[11]) + int(fields[12])
+    table = proc_table()
     members = {root}
     grown = True
     while grown:
         grown = False
-        for pid, parent in parents.items():
+        for pid, (_, parent, _) in table.items():
             if parent in members and pid not in members:
                 members.add(pid)
                 grown = True
-    return sum(ticks.get(pid, 0) for pid in members)
+    return sum(table[pid][2] for pid in members if pid in table)
 
 
 def _wait_ready(server: Server, deadline_s: float) -> None:
