@@ -21,6 +21,7 @@ import redis.exceptions
 
 from api.frontend_flags import add_frontend_arguments, forward_frontend_arguments
 from api.gateway import _bool, add_gateway_arguments, check_access_specs, settings_from_args
+from gpu_workers.deployment_lease import DeploymentTaken
 from gpu_workers.supervisor import GatewayStartError
 from repository.errors import RepositoryError
 
@@ -141,6 +142,11 @@ def serve(args: argparse.Namespace) -> int:
         problem = check_gateway_start(supervisor.gateway_argv())
         if problem is None:
             supervisor.reset_state()
+    except DeploymentTaken as exc:
+        problem = (
+            f"another sluice serve ({exc}) runs with key prefix '{args.key_prefix}' at "
+            f"{redis_url}: stop it first, or give this deployment its own --key-prefix"
+        )
     except redis.exceptions.RedisError as exc:
         problem = f"cannot use Redis at {redis_url}: {exc}"
     except RepositoryError as exc:

@@ -56,6 +56,10 @@ class KeySchema:
         """String: the config instances of one load generation start with (before publishing)."""
         return f"{self.prefix}{{{model}}}:config:g{generation}"
 
+    def deployment(self) -> str:
+        """Lease of the ``sluice serve`` owning this prefix (``gpu_workers.deployment_lease``)."""
+        return f"{self.prefix}deployment"
+
     def control(self) -> str:
         """Stream of model control commands (load / unload) for the supervisor."""
         return f"{self.prefix}control"

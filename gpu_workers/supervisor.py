@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -32,6 +34,7 @@ from broker.errors import ErrorCode, SluiceError
 from broker.keys import KeySchema
 from broker.messages import ErrorInfo
 from broker.model_store import ModelStore
+from gpu_workers.deployment_lease import DeploymentLease
 from gpu_workers.model_manager import LoadError, ManagerOptions, ModelManager
 from gpu_workers.processes import Spawner, terminate
 
@@ -82,6 +85,11 @@ class Supervisor:
         self.keys = KeySchema(options.key_prefix)
         self.client = redis.Redis.from_url(options.redis_url, protocol=2, socket_timeout=30)
         self.store = ModelStore(self.client, self.keys)
+        self.lease = DeploymentLease(
+            self.client,
+            self.keys.deployment(),
+            f"host {socket.gethostname()} pid {os.getpid()} HTTP port {options.http_port}",
+        )
         env = dict(options.extra_env)
         if options.gateway_processes > 1:
             env["SLUICE_REUSE_PORT"] = "1"
@@ -106,8 +114,19 @@ class Supervisor:
     # -- start-up --------------------------------------------------------------------------
 
     def reset_state(self) -> None:
-        """Forget what an earlier server with this key prefix left (not its queues)."""
+        """Take this key prefix's deployment lease, then forget what an earlier server
+        with this prefix left (not its queues).
+
+        Raises:
+            gpu_workers.deployment_lease.DeploymentTaken: another ``sluice serve`` runs
+                on this prefix (nothing was changed).
+            redis.exceptions.RedisError: Redis unreachable.
+        """
+        self.lease.acquire()
+        lease = self.keys.deployment().encode()
         for key in self.client.scan_iter(match=f"{self.options.key_prefix}*", count=1000):
+            if key == lease:
+                continue
             if self.client.type(key) != b"stream" or key == self.keys.control().encode():
                 self.client.delete(key)
         self.store.set_server(startup="loading", model_control_mode=self.options.model_control_mode)
@@ -277,4 +296,5 @@ class Supervisor:
                 self.options.exit_timeout_s,
             )
         terminate([g for g in self.gateways if g is not None], self.options.exit_timeout_s)
+        self.lease.release()
         self.client.close()

@@ -190,10 +190,12 @@ def start_server(
     wait_ready: bool = True,
     timeout_s: float = 90.0,
     metrics_port: int | None = None,
+    key_prefix: str | None = None,
 ) -> Server:
     """Start ``sluice serve`` on free ports and wait (bounded) until it is ready.
 
-    ``metrics_port`` None picks a free port for the metrics endpoint too.
+    ``metrics_port`` None picks a free port for the metrics endpoint too; ``key_prefix``
+    None gives the server a prefix of its own.
     """
     port = free_port()
     grpc_port = free_port()
@@ -203,7 +205,7 @@ def start_server(
         metrics_port = free_port()
         while metrics_port in (port, grpc_port):
             metrics_port = free_port()
-    prefix = f"sluice-e2e-{uuid.uuid4().hex[:8]}:"
+    prefix = key_prefix or f"sluice-e2e-{uuid.uuid4().hex[:8]}:"
     full_env = dict(os.environ)
     full_env.update(env or {})
     log = log_path.open("wb")

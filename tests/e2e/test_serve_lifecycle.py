@@ -292,6 +292,15 @@ def test_gateway_is_not_ready_when_no_instance_lives(model_repository, redis_url
         gateway.wait(20)
 
 
+def _add_sub_sum(server) -> list[float]:
+    """OUTPUT0 of ``add_sub`` for INPUT0 = INPUT1 = ones (JSON over HTTP)."""
+    ones = {"shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16}
+    body = {"inputs": [{"name": "INPUT0", **ones}, {"name": "INPUT1", **ones}]}
+    reply = requests.post(f"{server.base}/v2/models/add_sub/infer", json=body, timeout=20)
+    assert reply.status_code == 200, reply.text
+    return {o["name"]: o["data"] for o in reply.json()["outputs"]}["OUTPUT0"]
+
+
 def _held_port() -> tuple[socket.socket, int]:
     """A port another server listens on with SO_REUSEPORT (as ``--gateway-processes`` 2)."""
     sock = socket.socket()
@@ -349,3 +358,36 @@ def test_start_up_failure_exits_with_one_line(
     assert expected in log, log
     if case != "gateway cannot start":  # there the gateway's own error is logged too
         assert "Traceback" not in log, log
+
+
+def test_second_serve_on_the_same_key_prefix_is_refused(
+    model_repository, redis_url, tmp_path
+) -> None:
+    """A second ``sluice serve`` on another port but the same key prefix exits with one line
+    and leaves the first untouched (before: its start wiped the first's state and its exit
+    marked the first's models unloaded); the prefix is free again once the first stops."""
+    repo = _small_repo(model_repository, tmp_path, False)
+    first = start_server(repo, redis_url, tmp_path / "first.log")
+    try:
+        second = start_server(
+            repo, redis_url, tmp_path / "second.log", key_prefix=first.key_prefix,
+            wait_ready=False,
+        )  # fmt: skip
+        try:
+            second.process.wait(45)
+        finally:
+            stop_server(second)
+        log = second.log()
+        assert second.process.returncode == 1, log
+        assert f"another sluice serve (host {socket.gethostname()} pid " in log, log
+        assert f"HTTP port {first.http_port}) runs with key prefix '{first.key_prefix}'" in log, log
+        assert "Traceback" not in log, log
+        assert requests.get(f"{first.base}/v2/health/ready", timeout=5).status_code == 200
+        assert _add_sub_sum(first) == [2.0] * 16
+    finally:
+        stop_server(first)
+    third = start_server(repo, redis_url, tmp_path / "third.log", key_prefix=first.key_prefix)
+    try:
+        assert _add_sub_sum(third) == [2.0] * 16
+    finally:
+        stop_server(third)
