@@ -401,7 +401,8 @@ class DataPlane:
                 request_id, model, version, client_id, inputs, outputs, parameters
             )
         except SluiceError as exc:
-            logger.info(
+            # a verbose line, as Triton: a client sending bad requests must not flood the log
+            logger.debug(
                 "request %s (client id '%s') to model '%s' version %s failed: %s: %s",
                 request_id,
                 client_id,

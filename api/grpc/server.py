@@ -27,6 +27,23 @@ logger = logging.getLogger(__name__)
 INT32_MAX = 2**31 - 1
 
 
+class ClientGoneFilter(logging.Filter):
+    """Turns grpc.aio's ERROR with a traceback for an answer that cannot be sent (the
+    client cancelled the call or its deadline passed, so the call is gone) into one
+    verbose line: nothing failed on the server's side, and clients must not be able to
+    flood the log with tracebacks. Installed on the ``grpc._cython.cygrpc`` logger."""
+
+    MARK = "ExecuteBatchError raised in core by servicer method"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and str(record.msg).startswith(self.MARK):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            record.exc_info, record.exc_text = None, None
+            record.msg = f"{record.getMessage()}: the client has gone (cancelled or deadline)"
+            record.args = None
+        return True
+
+
 def server_options(settings: GrpcSettings) -> list[tuple[str, int]]:
     """Channel arguments of the server (grpc core names)."""
     return [
@@ -80,6 +97,9 @@ class GrpcFrontEnd:
 
     def __init__(self, settings: GrpcSettings, dataplane: DataPlane) -> None:
         self.settings = settings
+        cygrpc_logger = logging.getLogger("grpc._cython.cygrpc")
+        if not any(isinstance(f, ClientGoneFilter) for f in cygrpc_logger.filters):
+            cygrpc_logger.addFilter(ClientGoneFilter())
         self.server = grpc.aio.server(options=server_options(settings))
         servicer = build_servicer(
             dataplane,
