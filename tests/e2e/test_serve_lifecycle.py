@@ -103,6 +103,7 @@ def test_broken_models_reported_while_others_serve(model_repository, redis_url, 
         assert (raw.status_code, raw.content) == (400, b"")
         assert client.is_model_ready("add_sub")
         assert not client.is_model_ready("broken")
+        client.close()  # tritonclient.http is gevent-based: never leave one to the GC
     finally:
         assert stop_server(server) == 0, server.log()
 
@@ -132,6 +133,7 @@ def test_private_redis_when_none_answers(model_repository, tmp_path) -> None:
         )
         client = httpclient.InferenceServerClient(server.http_url)
         assert client.is_model_ready("add_sub")
+        client.close()
         assert stop_server(server) == 0
     finally:
         process.terminate()
@@ -189,6 +191,7 @@ def test_request_that_kills_its_instance_is_failed_not_retried_forever(
         for value, request in zip((1, 2, 3), normal, strict=True):
             assert request.get_result(timeout=60).as_numpy("Y").tolist() == [[value]]
         assert time.monotonic() - started < 40  # well before the 60 s request deadline
+        client.close()
     finally:
         assert stop_server(server) == 0, server.log()
 
@@ -287,6 +290,8 @@ def test_gateway_is_not_ready_when_no_instance_lives(model_repository, redis_url
         assert (reply.status_code, reply.json()) == (400, {"error": "Model version not ready"})
         grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
         assert grpc.is_model_ready("add_sub") is False
+        http.close()
+        grpc.close()
     finally:
         gateway.terminate()
         gateway.wait(20)
