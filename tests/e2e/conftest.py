@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,15 @@ from e2e_support import (
     start_server,
     stop_server,
 )
+
+
+@pytest.fixture(autouse=True)
+def _collect_left_clients() -> Iterator[None]:
+    """Collect what a test left behind while still in its own thread: a
+    ``tritonclient.http`` client (gevent) finalized later, inside another test's worker
+    thread, raises gevent's LoopExit from ``__del__`` and fails that test."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="session")
