@@ -1,0 +1,83 @@
+"""One socket write per HTTP response: uvicorn's httptools protocol with coalesced writes.
+
+uvicorn writes a response's status line and headers when the app sends
+``http.response.start`` and the body on ``http.response.body``: two ``send``
+system calls per response. On loopback TCP each one runs the receiver's
+network stack and wakes it, so the pair costs about as much CPU as the rest
+of the gateway's work on a small inference response, and the client wakes
+twice. :class:`CoalescingHttpToolsProtocol` hands uvicorn a transport whose
+``write`` collects what one event-loop iteration writes to a connection and
+sends it with one ``writelines`` (one ``writev``) at the start of the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+
+class CoalescingTransport:
+    """A transport whose writes of one loop iteration leave in one system call.
+
+    Everything but ``write``/``writelines``/``close`` is the wrapped transport's
+    (flow control, ``get_extra_info``, ``is_closing``, ``abort``). ``close``
+    sends what is pending first; ``abort`` drops it, as the transport would.
+
+    Args:
+        transport: the connection's transport.
+        loop: the event loop the connection runs on.
+    """
+
+    __slots__ = ("_loop", "_pending", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._pending: list[bytes] | None = None
+
+    def write(self, data: bytes) -> None:
+        """Queue ``data``; it is sent with the rest of this iteration's writes."""
+        if not data:
+            return
+        if self._pending is None:
+            self._pending = [data]
+            self._loop.call_soon(self.flush)
+        else:
+            self._pending.append(data)
+
+    def writelines(self, chunks: Any) -> None:
+        """Queue each chunk of ``chunks`` (as :meth:`write`)."""
+        for chunk in chunks:
+            self.write(chunk)
+
+    def flush(self) -> None:
+        """Send what is pending now (one ``writelines``); nothing on a closing connection."""
+        pending, self._pending = self._pending, None
+        if not pending or self._transport.is_closing():
+            return
+        if len(pending) == 1:
+            self._transport.write(pending[0])
+        else:
+            self._transport.writelines(pending)
+
+    def close(self) -> None:
+        """Send what is pending, then close the connection."""
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class CoalescingHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools HTTP/1.1 protocol writing through a :class:`CoalescingTransport`.
+
+    Passed to ``uvicorn.Config(http=...)``; parsing, keep-alive, pipelining and flow
+    control are uvicorn's.
+    """
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        wrapped = CoalescingTransport(transport, asyncio.get_running_loop())
+        super().connection_made(wrapped)  # type: ignore[arg-type]
