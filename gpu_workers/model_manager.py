@@ -39,7 +39,7 @@ from broker.messages import ErrorInfo, InferResponseMessage
 from broker.model_store import ModelState, ModelStore, VersionState
 from broker.producer import PAYLOAD_FIELD
 from broker.scheduling import StreamLayout, scheduling_policy
-from gpu_workers.backends.registry import auto_complete
+from gpu_workers.backends.registry import auto_complete, gpu_available
 from gpu_workers.device import gpu_ids
 from gpu_workers.processes import Instance, Spawner, terminate
 from repository import (
@@ -274,6 +274,7 @@ class ModelManager:
                 autocomplete=None if self.options.strict_model_config else auto_complete,
                 config_name=self.options.model_config_name,
                 gpu_ids=gpu_ids(),
+                gpu_backend=gpu_available,
                 strict=self.options.strict_model_config,
                 config_override=override,
             )

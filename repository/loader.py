@@ -67,6 +67,7 @@ def load_model_config(
     autocomplete: AutocompleteHook | None = None,
     config_name: str | None = None,
     gpu_ids: Sequence[int] = (),
+    gpu_backend: Callable[[str], bool] | None = None,
     strict: bool = False,
     config_override: ModelConfig | None = None,
 ) -> LoadedConfig:
@@ -85,6 +86,8 @@ def load_model_config(
             python backend, with the highest selected version directory.
         config_name: Triton ``--model-config-name``.
         gpu_ids: CUDA device ids of this host; empty on a CPU-only host.
+        gpu_backend: whether a backend (by name) can run on a GPU here; asked only when
+            ``gpu_ids`` is not empty, to resolve ``KIND_AUTO``. None: every backend can.
         strict: Triton ``--disable-auto-complete-config``: a missing config
             file is an error and no auto-complete runs.
         config_override: a config to use instead of ``config.pbtxt`` (Triton's load
@@ -126,7 +129,8 @@ def load_model_config(
     resolve_backend(config, model_dir, available)
     if not strict and autocomplete is not None and _wants_autocomplete(config):
         _run_autocomplete(autocomplete, config, source, available)
-    normalize(config, gpu_ids=gpu_ids)
+    auto_gpu = not gpu_ids or gpu_backend is None or gpu_backend(config.backend)
+    normalize(config, gpu_ids=gpu_ids, auto_gpu=auto_gpu)
     validate(config, model_dir=model_dir, gpu_ids=gpu_ids, config_path=config_path)
     versions = select_versions(config, available)
     return LoadedConfig(config=config, versions=tuple(versions), available=tuple(available))

@@ -52,25 +52,28 @@ def _normalize_optimization(config: ModelConfig) -> None:
         config.optimization.output_pinned_memory.enable = True
 
 
-def _resolve_kind(group: ModelInstanceGroup, gpu_ids: Sequence[int]) -> None:
-    """KIND_AUTO -> KIND_GPU if GPUs exist and every listed gpu exists, else KIND_CPU."""
+def _resolve_kind(group: ModelInstanceGroup, gpu_ids: Sequence[int], auto_gpu: bool) -> None:
+    """KIND_AUTO -> KIND_GPU if GPUs exist, every listed gpu exists and the backend can
+    run on a GPU here (``auto_gpu``), else KIND_CPU."""
     if group.kind != ModelInstanceGroup.KIND_AUTO:
         return
     available = set(gpu_ids)
-    if available and all(gpu in available for gpu in group.gpus):
+    if auto_gpu and available and all(gpu in available for gpu in group.gpus):
         group.kind = ModelInstanceGroup.KIND_GPU
     else:
         group.kind = ModelInstanceGroup.KIND_CPU
 
 
-def _normalize_instance_groups(config: ModelConfig, gpu_ids: Sequence[int]) -> None:
+def _normalize_instance_groups(
+    config: ModelConfig, gpu_ids: Sequence[int], auto_gpu: bool
+) -> None:
     """Triton model_config.proto: instance_group name, kind, count and gpus defaults."""
     if not config.instance_group:
         config.instance_group.add(name=config.name)
     for index, group in enumerate(config.instance_group):
         if not group.name:
             group.name = f"{config.name}_{index}"
-        _resolve_kind(group, gpu_ids)
+        _resolve_kind(group, gpu_ids, auto_gpu)
         if group.kind == ModelInstanceGroup.KIND_GPU and not group.gpus:
             group.gpus.extend(sorted(set(gpu_ids)))
         if group.count < 1:
@@ -81,7 +84,7 @@ def _normalize_instance_groups(config: ModelConfig, gpu_ids: Sequence[int]) -> N
             group.count = 2 if two else 1
 
 
-def normalize(config: ModelConfig, *, gpu_ids: Sequence[int] = ()) -> None:
+def normalize(config: ModelConfig, *, gpu_ids: Sequence[int] = (), auto_gpu: bool = True) -> None:
     """Apply Triton's serving defaults in place (PROTOCOL.md 5.11 steps 3-7, 5.6).
 
     * ``version_policy`` := ``latest { num_versions: 1 }`` if unset.
@@ -90,17 +93,22 @@ def normalize(config: ModelConfig, *, gpu_ids: Sequence[int] = ()) -> None:
     * ``sequence_batching.max_sequence_idle_microseconds`` := 1 000 000 if 0.
     * Non-ensembles: both pinned-memory flags on unless set; one instance group
       named after the model if there is none; unnamed groups ``<model>_<i>``;
-      ``KIND_AUTO`` resolved; ``count`` 1 (2 for KIND_CPU groups of the
+      ``KIND_AUTO`` resolved (Triton ``NormalizeInstanceGroup``: KIND_GPU where GPUs
+      are supported, else KIND_CPU); ``count`` 1 (2 for KIND_CPU groups of the
       onnxruntime and tensorflow backends) when unset; KIND_GPU groups
       without ``gpus`` get every GPU.
 
     Args:
         config: The model config, with name and backend resolved; changed in place.
         gpu_ids: CUDA device ids of this host; empty on a CPU-only host.
+        auto_gpu: whether the model's backend can run on a GPU here. False resolves
+            ``KIND_AUTO`` to KIND_CPU even with GPUs present, as Triton does for a
+            backend built without GPU support (Sluice: onnxruntime without the CUDA
+            execution provider, a CPU build of torch).
     """
     _normalize_version_policy(config)
     _normalize_batching(config)
     if is_ensemble(config):
         return
     _normalize_optimization(config)
-    _normalize_instance_groups(config, gpu_ids)
+    _normalize_instance_groups(config, gpu_ids, auto_gpu)

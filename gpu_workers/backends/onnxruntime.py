@@ -155,6 +155,16 @@ class OnnxRuntimeBackend(TensorBackendAdapter):
         super().__init__(OnnxRuntimeSession())
 
     @staticmethod
+    def gpu_available() -> bool:
+        """Whether the installed onnxruntime offers the CUDA execution provider
+        (``onnxruntime-gpu``); False when onnxruntime is not installed."""
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            return False
+        return "CUDAExecutionProvider" in ort.get_available_providers()
+
+    @staticmethod
     def auto_complete(config: ModelConfig, version_dir: Path) -> None:
         """Fill inputs/outputs/max_batch_size from the ONNX graph (Triton onnxruntime_backend).
 

@@ -6,6 +6,7 @@ onnxruntime, torch or tensorrt installed.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from pathlib import Path
 from typing import Any
@@ -70,3 +71,23 @@ def auto_complete(config: ModelConfig, version_dir: Path) -> None:
     hook = getattr(cls, "auto_complete", None)
     if hook is not None:
         hook(config, version_dir)
+
+
+@functools.cache
+def gpu_available(backend: str) -> bool:
+    """Whether a ``KIND_GPU`` instance of ``backend`` can run with this host's packages.
+
+    Asks the backend class's optional ``gpu_available`` static method (onnxruntime: the
+    CUDA execution provider is offered; pytorch: ``torch.cuda.is_available()``; tensorrt:
+    tensorrt and CUDA present); a backend without one (python: the model decides what its
+    device id means) and an unknown backend count as able. Imports the framework, so call
+    it only on a host where NVML found GPUs. Cached per backend for the process.
+    """
+    target = BACKENDS.get(backend)
+    if target is None:
+        return True
+    try:
+        hook = getattr(import_from_string(target), "gpu_available", None)
+    except ImportError:
+        return True  # the load itself reports the missing backend
+    return True if hook is None else bool(hook())

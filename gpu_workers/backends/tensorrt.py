@@ -231,3 +231,14 @@ class TensorRTBackend(TensorBackendAdapter):
 
     def __init__(self) -> None:
         super().__init__(TensorRTEngine())
+
+    @staticmethod
+    def gpu_available() -> bool:
+        """Whether the tensorrt package imports and torch (which drives CUDA here) sees a
+        CUDA device."""
+        try:
+            import tensorrt  # noqa: F401
+            import torch
+        except ImportError:
+            return False
+        return bool(torch.cuda.is_available())

@@ -322,3 +322,12 @@ class TorchBackend(TensorBackendAdapter):
 
     def __init__(self) -> None:
         super().__init__(TorchModule())
+
+    @staticmethod
+    def gpu_available() -> bool:
+        """Whether torch is installed with CUDA and sees a CUDA device (a CPU wheel does not)."""
+        try:
+            import torch
+        except ImportError:
+            return False
+        return bool(torch.cuda.is_available())

@@ -64,6 +64,26 @@ def test_load_simple(tmp_path: Path) -> None:
     assert config_to_json(loaded.config)["instance_group"][0]["count"] == 2
 
 
+def test_gpu_backend_decides_kind_auto(tmp_path: Path) -> None:
+    source = _model(tmp_path, "simple", SIMPLE, {"1": "model.onnx"})
+    asked: list[str] = []
+
+    def cpu_only(backend: str) -> bool:
+        asked.append(backend)
+        return False
+
+    loaded = load_model_config(source, gpu_ids=(0,), gpu_backend=cpu_only)
+    assert asked == ["onnxruntime"]
+    group = config_to_json(loaded.config)["instance_group"][0]
+    assert (group["kind"], group["count"], group.get("gpus", [])) == ("KIND_CPU", 2, [])
+    loaded = load_model_config(source, gpu_ids=(0,), gpu_backend=lambda backend: True)
+    group = config_to_json(loaded.config)["instance_group"][0]
+    assert (group["kind"], group["count"], group["gpus"]) == ("KIND_GPU", 1, [0])
+    asked.clear()
+    load_model_config(source, gpu_ids=(), gpu_backend=cpu_only)
+    assert asked == []  # no GPUs: nothing to ask
+
+
 def test_autocomplete_missing_config(tmp_path: Path) -> None:
     source = _model(tmp_path, "auto", None, {"1": "model.onnx", "3": "model.onnx", "03": ""})
     hook = RecordingHook()

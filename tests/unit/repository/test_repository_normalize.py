@@ -51,6 +51,23 @@ def test_instance_groups(
 
 
 @pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('backend: "onnxruntime"', [("m", CPU, 2, [])]),
+        ('backend: "pytorch" instance_group { gpus: [0] }', [("m_0", CPU, 1, [0])]),
+        # an explicit KIND_GPU stays: its load then names what is missing
+        ('backend: "onnxruntime" instance_group { kind: KIND_GPU }', [("m_0", GPU, 1, [0, 1])]),
+    ],
+)
+def test_kind_auto_is_cpu_where_the_backend_cannot_use_gpus(
+    text: str, expected: list[tuple[str, int, int, list[int]]]
+) -> None:
+    config = parse_config_text(f'name: "m" {text}')
+    normalize(config, gpu_ids=(0, 1), auto_gpu=False)
+    assert [(g.name, g.kind, g.count, list(g.gpus)) for g in config.instance_group] == expected
+
+
+@pytest.mark.parametrize(
     ("text", "preferred"),
     [
         ("max_batch_size: 8 dynamic_batching { }", [8]),
