@@ -21,7 +21,7 @@ from api.app import build_dataplane, connect, create_app, wrap_asgi
 from api.dashboard.history import DashboardHistory
 from api.dashboard.routes import mount_dashboard
 from api.frontend_flags import add_frontend_arguments, apply_frontend_arguments
-from api.http.coalescing import CoalescingHttpToolsProtocol
+from api.http.protocol import HttpProtocol
 from api.metrics import MetricsService, create_metrics_app
 from api.settings import GatewaySettings, HttpSettings
 from api.sockets import reuse_port_socket
@@ -152,7 +152,7 @@ async def serve_gateway(settings: GatewaySettings) -> None:
         host=settings.http.address,
         port=settings.http.port,
         loop="none",
-        http=CoalescingHttpToolsProtocol,
+        http=HttpProtocol,
         lifespan="off",
         access_log=settings.log_verbose > 0,
         proxy_headers=False,

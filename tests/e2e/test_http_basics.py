@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import socket
+
 import pytest
 import requests
 
@@ -130,3 +133,61 @@ def test_load_refused_in_none_mode(http_client) -> None:
         http_client.load_model("add_sub")
     assert info.value.status() == "503"
     assert "explicit model load / unload is not allowed" in info.value.message()
+
+
+def _infer_bytes(value: float, sleep_ms: int) -> bytes:
+    body = json.dumps({
+        "inputs": [{"name": "IN", "shape": [1, 1], "datatype": "FP32", "data": [value]}],
+        "outputs": [{"name": "OUT"}],
+        "parameters": {"sleep_ms": sleep_ms},
+    }).encode()
+    return (
+        b"POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+    )
+
+
+def _read_until_eof(sock: socket.socket) -> bytes:
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_half_closed_client_gets_its_answers(server) -> None:
+    """A client that shuts down its sending side after its requests (nc -N) still gets
+    every answer, pipelined ones in order, then the server closes the connection."""
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
+        sock.sendall(_infer_bytes(1.5, 200) + _infer_bytes(2.5, 0))
+        sock.shutdown(socket.SHUT_WR)  # EOF reaches the server while the first one sleeps
+        raw = _read_until_eof(sock)
+    responses = _split_responses(raw)
+    assert [(status, headers.get("connection")) for status, headers, _ in responses] == [
+        (b"HTTP/1.1 200 OK", None),
+        (b"HTTP/1.1 200 OK", "close"),
+    ]
+    assert [json.loads(body)["outputs"][0]["data"] for _, _, body in responses] == [[1.5], [2.5]]
+
+
+def _split_responses(raw: bytes) -> list[tuple[bytes, dict[str, str], bytes]]:
+    """HTTP/1.1 responses with Content-Length, back to back -> (status line, headers, body)."""
+    responses = []
+    while raw:
+        head, raw = raw.split(b"\r\n\r\n", 1)
+        status, *lines = head.split(b"\r\n")
+        headers = {}
+        for line in lines:
+            key, value = line.decode().split(":", 1)
+            headers[key.strip().lower()] = value.strip()
+        length = int(headers["content-length"])
+        responses.append((status, headers, raw[:length]))
+        raw = raw[length:]
+    return responses
+
+
+def test_half_close_mid_body_closes_without_an_answer(server) -> None:
+    request = _infer_bytes(1.0, 0)
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
+        sock.sendall(request[:-5])
+        sock.shutdown(socket.SHUT_WR)
+        assert _read_until_eof(sock) == b""
