@@ -223,6 +223,11 @@ def drive(
     }
 
 
+def _gpu_cell(utilization: float) -> str:
+    """Mean GPU utilization as printed: one decimal, ``-`` without NVML readings."""
+    return "-" if np.isnan(utilization) else f"{utilization:.1f}"
+
+
 def _start_server(repo: Path, redis_url: str, log: Path) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     grpc_port = free_port()
@@ -252,13 +257,27 @@ def _start_server(repo: Path, redis_url: str, log: Path) -> tuple[subprocess.Pop
     raise RuntimeError(f"sluice serve not ready within 180 s:\n{log.read_text()}")
 
 
+def _number(kind: type, low: float, strict: bool) -> Any:
+    """argparse type: a ``kind`` above ``low`` (``strict``) or at least ``low``."""
+
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low}, got {text}")
+        return value
+
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--duration", type=float, default=5.0, help="seconds per row")
-    parser.add_argument("--warmup", type=float, default=1.0, help="seconds before each row")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--instances", type=int, default=1, help="KIND_GPU instances")
-    parser.add_argument("--queue-delay-us", type=int, default=500)
+    positive_s, seconds = _number(float, 0, True), _number(float, 0, False)
+    positive, count = _number(int, 0, True), _number(int, 0, False)
+    parser.add_argument("--duration", type=positive_s, default=5.0, help="seconds per row")
+    parser.add_argument("--warmup", type=seconds, default=1.0, help="seconds before each row")
+    parser.add_argument("--concurrency", type=positive, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--instances", type=positive, default=1, help="KIND_GPU instances")
+    parser.add_argument("--queue-delay-us", type=count, default=500)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                         help="cpu: KIND_CPU, a dry run of this script on a machine without GPU")
@@ -308,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{'c=' + str(concurrency):<24} {row['infer_s']:>8.0f} {row['p50']:>8.0f} "
                       f"{row['p99']:>8.0f} {row['infer_s'] / batch1:>6.2f} "
                       f"{row['infer_s'] / best:>6.2f} {row['cpu_us']:>7.0f} "
-                      f"{row['gpu_util']:>6.1f} {row['avg_batch']:>6.1f} {row['errors']:>6} "
+                      f"{_gpu_cell(row['gpu_util']):>6} {row['avg_batch']:>6.1f} "
+                      f"{row['errors']:>6} "
                       f"{row['max_err']:>8.1e}",
                       flush=True)
         finally:

@@ -179,15 +179,17 @@ def _check_instance_groups(check: _Checker, config: ModelConfig, gpu_ids: Sequen
     """Triton model_config.proto: ModelInstanceGroup kind, count, gpus (PROTOCOL.md 5.6)."""
     model = config.name
     available = set(gpu_ids)
-    for group in config.instance_group:
-        field = f"instance_group '{group.name}'"
+    for index, group in enumerate(config.instance_group):
+        field = f"instance_group[{index}]"
         prefix = f"instance group '{group.name}' of model '{model}'"
         if group.count < 1:
             raise check.fail(f"{field}.count", f"{prefix} must specify count >= 1")
         if group.kind == ModelInstanceGroup.KIND_GPU:
             if not available:
                 raise check.fail(
-                    f"{field}.kind", f"{prefix} has kind KIND_GPU but server does not support GPUs"
+                    f"{field}.kind",
+                    f"{prefix} has kind KIND_GPU but server does not support GPUs "
+                    "(NVML finds no GPU on this host, or nvidia-ml-py is not installed)",
                 )
             for gpu in group.gpus:
                 if gpu not in available:

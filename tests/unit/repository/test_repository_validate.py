@@ -185,26 +185,27 @@ def test_valid(text: str, gpu_ids: Sequence[int]) -> None:
         (
             'name: "m" instance_group { name: "g" kind: KIND_GPU count: 1 }',
             (),
-            "instance_group 'g'.kind",
-            "instance group 'g' of model 'm' has kind KIND_GPU but server does not support GPUs",
+            "instance_group[0].kind",
+            "instance group 'g' of model 'm' has kind KIND_GPU but server does not support GPUs "
+            "(NVML finds no GPU on this host, or nvidia-ml-py is not installed)",
         ),
         (
             'name: "m" instance_group { name: "g" kind: KIND_GPU count: 1 gpus: [0, 3] }',
             (0, 1),
-            "instance_group 'g'.gpus",
+            "instance_group[0].gpus",
             "instance group 'g' of model 'm' specifies invalid or unsupported gpu id 3; "
             "GPUs available: 0, 1",
         ),
         (
             'name: "m" instance_group { name: "g" kind: KIND_CPU count: 1 gpus: [0] }',
             (0,),
-            "instance_group 'g'.gpus",
+            "instance_group[0].gpus",
             "instance group 'g' of model 'm' has kind KIND_CPU but specifies one or more GPUs",
         ),
         (
             'name: "m" instance_group { name: "g" kind: KIND_CPU count: 0 }',
             (),
-            "instance_group 'g'.count",
+            "instance_group[0].count",
             "instance group 'g' of model 'm' must specify count >= 1",
         ),
         (
