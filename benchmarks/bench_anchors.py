@@ -39,6 +39,8 @@ import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
+from broker.redis_server import delete_prefix
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT.parent / "shared" / "bench"
 ANCHORS = Path("/tmp/anchors")
@@ -78,16 +80,20 @@ def run(args: argparse.Namespace) -> Path:
     """Start Sluice, run the harness, stop Sluice; returns the output folder."""
     out = Path(args.out or ANCHORS / "results" / f"sluice-{time.strftime('%Y%m%d-%H%M%S')}")
     sluice = ROOT / ".venv" / "bin" / "sluice"
+    prefix = f"bench-{uuid.uuid4().hex[:8]}:"
     command = [
         str(sluice), "serve",
         "--model-repository", str(ANCHORS / "models-onnx"),
         "--http-port", str(args.http_port), "--grpc-port", str(args.grpc_port),
         "--metrics-port", str(args.http_port + 2),
-        "--redis-url", args.redis_url, "--key-prefix", f"bench-{uuid.uuid4().hex[:8]}:",
+        "--redis-url", args.redis_url, "--key-prefix", prefix,
     ]  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "sluice.log", "wb") as log:
-        _measure(args, command, log, out)
+        try:
+            _measure(args, command, log, out)
+        finally:
+            delete_prefix(args.redis_url, prefix)  # the server stopped; its queues go too
     return out
 
 

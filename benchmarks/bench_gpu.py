@@ -12,8 +12,8 @@ One run
 (b) starts ``sluice serve`` on a repository holding that file as model ``mlp_gpu``
     (``platform: "pytorch_libtorch"``, ``KIND_GPU`` × ``--instances`` on GPU 0,
     ``max_batch_size: 128``, dynamic batching with ``--queue-delay-us``), on free ports
-    with a key prefix of its own, against ``--redis-url`` (a private ``redis-server``
-    is started when none answers);
+    with a key prefix of its own (its keys are deleted at the end), against
+    ``--redis-url`` (a private ``redis-server`` is started when none answers);
 (c) drives it at each ``--concurrency`` with that many client processes, each one
     ``tritonclient.http`` client sending batch-1 requests of distinct random inputs, and
     checks every answer against the in-process result (max abs error printed);
@@ -45,7 +45,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from broker.redis_server import free_port, redis_answers, start_private_redis  # noqa: E402
+from broker.redis_server import (  # noqa: E402
+    delete_prefix,
+    free_port,
+    redis_answers,
+    start_private_redis,
+)
 
 MODEL = "mlp_gpu"
 CONFIG = """
@@ -228,7 +233,9 @@ def _gpu_cell(utilization: float) -> str:
     return "-" if np.isnan(utilization) else f"{utilization:.1f}"
 
 
-def _start_server(repo: Path, redis_url: str, log: Path) -> tuple[subprocess.Popen[bytes], int]:
+def _start_server(
+    repo: Path, redis_url: str, log: Path, prefix: str
+) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     grpc_port = free_port()
     metrics_port = free_port()
@@ -237,7 +244,7 @@ def _start_server(repo: Path, redis_url: str, log: Path) -> tuple[subprocess.Pop
          "--http-port", str(port), "--http-address", "127.0.0.1",
          "--grpc-port", str(grpc_port), "--grpc-address", "127.0.0.1",
          "--metrics-port", str(metrics_port), "--redis-url", redis_url,
-         "--key-prefix", f"sluice-bench-gpu-{uuid.uuid4().hex[:8]}:"],
+         "--key-prefix", prefix],
         stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT,
     )
     import requests
@@ -316,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
                 gpus=" gpus: [ 0 ]" if args.device == "cuda" else "",
             )
         )
-        server, port = _start_server(repo, redis_url, Path(tmp) / "serve.log")
+        prefix = f"sluice-bench-gpu-{uuid.uuid4().hex[:8]}:"
+        server, port = _start_server(repo, redis_url, Path(tmp) / "serve.log", prefix)
         try:
             print(f"\n{'sluice http (batch 1)':<24} {'infer/s':>8} {'p50 µs':>8} "
                   f"{'p99 µs':>8} {'/b1':>6} {'/best':>6} {'cpu µs':>7} {'gpu %':>6} "
@@ -337,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                 server.wait(30)
             except subprocess.TimeoutExpired:
                 server.kill()
+            delete_prefix(redis_url, prefix)
             if private is not None:
                 private.terminate()
     return 0

@@ -1,4 +1,5 @@
-"""Finding a Redis, or starting a private ``redis-server`` when none answers."""
+"""Finding a Redis, starting a private ``redis-server`` when none answers, and clearing a
+throwaway key prefix (tests and benchmarks)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,34 @@ def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
         return False
     finally:
         client.close()
+
+
+def delete_prefix(url: str, prefix: str, timeout_s: float = 10.0) -> int:
+    """Delete every key under ``prefix`` (SCAN + DEL, 1000 keys a batch); returns how many.
+
+    For the throwaway prefixes of tests and benchmarks once their server stopped: a
+    ``sluice serve`` keeps its queues on purpose, so that a restart loses no request.
+
+    Raises:
+        ValueError: an empty prefix (that would be the whole database).
+        redis.exceptions.RedisError: Redis unreachable within ``timeout_s`` seconds.
+    """
+    if not prefix:
+        raise ValueError("delete_prefix needs a non-empty prefix")
+    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    deleted = 0
+    try:
+        batch: list[bytes] = []
+        for key in client.scan_iter(match=f"{prefix}*", count=1000):
+            batch.append(key)
+            if len(batch) == 1000:
+                deleted += int(client.delete(*batch))
+                batch.clear()
+        if batch:
+            deleted += int(client.delete(*batch))
+    finally:
+        client.close()
+    return deleted
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -6,6 +6,7 @@ downloaded.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -19,10 +20,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import redis
 import requests
 from onnx import TensorProto, helper
 
-from broker.redis_server import free_port
+from broker.redis_server import delete_prefix, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 OPSET = [helper.make_opsetid("", 17)]
@@ -143,6 +145,8 @@ class Server:
     log_path: Path
     grpc_port: int = 0
     metrics_port: int = 0
+    #: the key prefix was made up for this server: stop_server deletes its keys
+    owns_prefix: bool = False
 
     @property
     def metrics_url(self) -> str:
@@ -240,7 +244,10 @@ def start_server(
         env=full_env,
         cwd=ROOT,
     )
-    server = Server(process, port, prefix, redis_url, log_path, grpc_port, metrics_port)
+    server = Server(
+        process, port, prefix, redis_url, log_path, grpc_port, metrics_port,
+        owns_prefix=key_prefix is None,
+    )  # fmt: skip
     if not wait_ready:
         return server
     deadline = time.monotonic() + timeout_s
@@ -295,7 +302,8 @@ def wait_server_ready(client: object, timeout_s: float = 30.0) -> None:
 
 
 def stop_server(server: Server, timeout_s: float = 30.0) -> int:
-    """SIGINT (Ctrl-C) and wait; returns the exit code."""
+    """SIGINT (Ctrl-C) and wait; returns the exit code. A server whose key prefix was
+    made up for it leaves no keys behind in Redis."""
     if server.process.poll() is None:
         server.process.send_signal(signal.SIGINT)
         try:
@@ -303,6 +311,9 @@ def stop_server(server: Server, timeout_s: float = 30.0) -> int:
         except subprocess.TimeoutExpired:
             server.process.kill()
             server.process.wait(5)
+    if server.owns_prefix:  # (a test of a Redis that never answered has nothing to delete)
+        with contextlib.suppress(redis.exceptions.ConnectionError):
+            delete_prefix(server.redis_url, server.key_prefix, timeout_s=2.0)
     return int(server.process.returncode)
 
 
