@@ -250,6 +250,7 @@ def test_requests_during_ctrl_c_are_answered_or_refused_at_once(
     finally:
         stop.set()
         thread.join(25)
+        stop_server(server)  # exited already (else killed); its keys go
     exit_s = time.monotonic() - stopped_at
     assert server.process.returncode == 0, server.log()
     assert exit_s < 6, server.log()
@@ -295,6 +296,7 @@ def test_gateway_is_not_ready_when_no_instance_lives(model_repository, redis_url
     finally:
         gateway.terminate()
         gateway.wait(20)
+        stop_server(server)  # killed above; its keys go
 
 
 def _add_sub_sum(server) -> list[float]:
@@ -392,6 +394,7 @@ def test_second_serve_on_the_same_key_prefix_is_refused(
     finally:
         stop_server(first)
     third = start_server(repo, redis_url, tmp_path / "third.log", key_prefix=first.key_prefix)
+    third.owns_prefix = True  # first's made-up prefix: its keys go when third stops
     try:
         assert _add_sub_sum(third) == [2.0] * 16
     finally:
