@@ -76,6 +76,20 @@ def redis_cpu_ticks() -> int:
     return sum(ticks for name, _, ticks in proc_table().values() if name == "redis-server")
 
 
+def tree_cpu_ticks(root: int) -> int:
+    """utime+stime of ``root`` and every descendant, in clock ticks."""
+    table = proc_table()
+    members = {root}
+    grown = True
+    while grown:
+        grown = False
+        for pid, (_, parent, _) in table.items():
+            if parent in members and pid not in members:
+                members.add(pid)
+                grown = True
+    return sum(table[pid][2] for pid in members if pid in table)
+
+
 def run(args: argparse.Namespace) -> Path:
     """Start Sluice, run the harness, stop Sluice; returns the output folder."""
     out = Path(args.out or ANCHORS / "results" / f"sluice-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -45,6 +45,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench_anchors import redis_cpu_ticks, tree_cpu_ticks  # noqa: E402
+
 from broker.redis_server import (  # noqa: E402
     delete_prefix,
     free_port,
@@ -117,30 +119,6 @@ def _client(url: str, seed: int, start_at: float, end_at: float, out: Any) -> No
     out.put((latencies, checks, errors))
 
 
-def _tree_ticks(root_pid: int) -> int:
-    """utime+stime (clock ticks) of ``root_pid`` and its descendants, plus redis-server."""
-    table: dict[int, tuple[str, int, int]] = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        table[int(pid)] = (name, int(fields[1]), int(fields[11]) + int(fields[12]))
-    keep = {root_pid}
-    grew = True
-    while grew:
-        grew = False
-        for pid, (_, parent, _) in table.items():
-            if parent in keep and pid not in keep:
-                keep.add(pid)
-                grew = True
-    return sum(t for pid, (name, _, t) in table.items() if pid in keep or name == "redis-server")
-
-
 class GpuUtilization(threading.Thread):
     """Samples NVML's GPU 0 utilization every 50 ms while running."""
 
@@ -194,11 +172,11 @@ def drive(
         proc.start()
     time.sleep(max(0.0, start_at - time.monotonic()))
     counts0 = _counts(url)
-    ticks0 = _tree_ticks(pid)
+    ticks0 = tree_cpu_ticks(pid) + redis_cpu_ticks()
     gpu = GpuUtilization()
     gpu.start()
     time.sleep(max(0.0, end_at - time.monotonic()))
-    ticks1 = _tree_ticks(pid)
+    ticks1 = tree_cpu_ticks(pid) + redis_cpu_ticks()
     counts1 = _counts(url)
     utilization = gpu.stop()
     latencies: list[float] = []

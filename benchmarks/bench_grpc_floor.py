@@ -31,7 +31,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench_anchors import ANCHORS, ROOT, proc_table, redis_cpu_ticks
+from bench_anchors import ANCHORS, ROOT, redis_cpu_ticks, tree_cpu_ticks
 
 PA = ANCHORS / "perf_analyzer"
 MODEL = "identity_fp32"
@@ -61,20 +61,6 @@ class Server:
     def cpu_ticks(self) -> int:
         """utime+stime of the server's process tree (and Redis), in clock ticks."""
         return tree_cpu_ticks(self.process.pid) + (redis_cpu_ticks() if self.with_redis else 0)
-
-
-def tree_cpu_ticks(root: int) -> int:
-    """utime+stime of ``root`` and every descendant, in clock ticks."""
-    table = proc_table()
-    members = {root}
-    grown = True
-    while grown:
-        grown = False
-        for pid, (_, parent, _) in table.items():
-            if parent in members and pid not in members:
-                members.add(pid)
-                grown = True
-    return sum(table[pid][2] for pid in members if pid in table)
 
 
 def _wait_ready(server: Server, deadline_s: float) -> None:

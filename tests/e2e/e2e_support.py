@@ -81,6 +81,11 @@ def _scale_model(factor: float, dims: list[object]) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=OPSET)
 
 
+def write_scale_model(path: Path, factor: float) -> None:
+    """An ONNX file computing OUTPUT0 = factor × INPUT0 (FP32 [-1, 4])."""
+    _save(_scale_model(factor, ["b", 4]), path)
+
+
 def build_versioned(repo: Path) -> None:
     """``versioned``: versions 1, 2, 3 multiply by their number; policy keeps 1 and 2."""
     for version in (1, 2, 3):

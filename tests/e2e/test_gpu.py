@@ -12,14 +12,13 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from e2e_support import Server, start_server, stop_server
+from e2e_support import Server, start_server, stop_server, write_scale_model
 from tritonclient.utils import InferenceServerException
 
 torch = pytest.importorskip("torch")
@@ -73,23 +72,6 @@ output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
 """
 
 
-def _onnx_double(path: Path) -> None:
-    """OUTPUT0 = INPUT0 * 2 (FP32 [-1, 4])."""
-    from onnx import TensorProto, helper, numpy_helper, save
-
-    two = numpy_helper.from_array(np.full([4], 2.0, dtype=np.float32), "two")
-    graph = helper.make_graph(
-        [helper.make_node("Mul", ["INPUT0", "two"], ["OUTPUT0"])],
-        "double",
-        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, [-1, 4])],
-        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, [-1, 4])],
-        initializer=[two],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    save(model, str(path))
-
-
 @pytest.fixture(scope="module")
 def probe() -> Probe:
     return Probe().eval()
@@ -115,7 +97,7 @@ def gpu_server(
     }
     for name, group in onnx_groups.items():
         (repo / name / "1").mkdir(parents=True)
-        _onnx_double(repo / name / "1" / "model.onnx")
+        write_scale_model(repo / name / "1" / "model.onnx", 2.0)
         (repo / name / "config.pbtxt").write_text(ONNX_CONFIG.format(name=name, group=group))
     server = start_server(
         repo,
