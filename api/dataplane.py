@@ -6,6 +6,8 @@ wait for the reply until the request's deadline (MLServer ``handlers/DataPlane``
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -23,10 +25,16 @@ from api.validation import validate_request
 from broker.control import ControlCommand, encode_command
 from broker.errors import ErrorCode, SluiceError
 from broker.keys import WORKER_GROUP, KeySchema
-from broker.messages import InferRequestMessage, ParameterValue, RequestedOutput, WireTensor
+from broker.messages import (
+    InferRequestMessage,
+    InferResponseMessage,
+    ParameterValue,
+    RequestedOutput,
+    WireTensor,
+)
 from broker.model_store import ModelState
 from broker.multiplex import MultiplexedConnection
-from broker.producer import QUEUE_FULL, Producer
+from broker.producer import QUEUE_FULL, Producer, enqueue_error
 from broker.replies import ReplyRouter
 from broker.scheduling import StreamLayout
 from broker.scripts import ACK_AND_COUNT
@@ -93,6 +101,8 @@ class DataPlane:
         self._exiting = False
         #: (model, version) -> its stream layout, rebuilt when the view's policy changes
         self._layouts: dict[tuple[str, int], StreamLayout] = {}
+        #: rejection counts being written (kept referenced until done)
+        self._background: set[asyncio.Future[None]] = set()
 
     def begin_shutdown(self) -> None:
         """Refuse new inference requests from now on (the server is exiting).
@@ -395,35 +405,72 @@ class DataPlane:
                 validation, UNSUPPORTED for decoupled models, UNAVAILABLE "Request timeout
                 expired" past the deadline, or the error the model returned.
         """
-        request_id = f"{self._id_prefix}{next(self._ids):x}"
+        request_id = self.next_request_id()
         try:
-            return await self._infer(
-                request_id, model, version, client_id, inputs, outputs, parameters
+            view, resolved = await self.resolve_for_infer(model, version)
+            response = await self.submit(
+                request_id, view, resolved, client_id, inputs, outputs, parameters
             )
+            return self.result(view.name, client_id, response)
         except SluiceError as exc:
-            # a verbose line, as Triton: a client sending bad requests must not flood the log
-            logger.debug(
-                "request %s (client id '%s') to model '%s' version %s failed: %s: %s",
-                request_id,
-                client_id,
-                model,
-                "-" if version is None else version,
-                exc.code.value,
-                exc.message,
-            )
+            self.log_failure(request_id, client_id, model, version, exc)
             raise
 
-    async def _infer(
+    def next_request_id(self) -> str:
+        """A request id unique across gateways: this gateway's id and a counter."""
+        return f"{self._id_prefix}{next(self._ids):x}"
+
+    @staticmethod
+    def log_failure(
+        request_id: str, client_id: str, model: str, version: int | None, exc: SluiceError
+    ) -> None:
+        """Log a failed request at debug level (as Triton, a verbose line: a client sending
+        bad requests must not flood the log)."""
+        logger.debug(
+            "request %s (client id '%s') to model '%s' version %s failed: %s: %s",
+            request_id,
+            client_id,
+            model,
+            "-" if version is None else version,
+            exc.code.value,
+            exc.message,
+        )
+
+    def cached_view(self, model: str, version: int | None) -> tuple[ModelView, int] | None:
+        """:meth:`resolve_for_infer` without waiting: None when the view of ``model`` is
+        not cached (or stale) and Redis must be read.
+
+        Raises:
+            SluiceError: as :meth:`resolve_for_infer`, for a cached view.
+        """
+        if self._exiting:
+            raise _shutting_down(model)
+        view = self.registry.cached(model)
+        return None if view is None else (view, view.resolve(version))
+
+    def submit(
         self,
         request_id: str,
-        model: str,
-        version: int | None,
+        view: ModelView,
+        resolved: int,
         client_id: str,
         inputs: Sequence[WireTensor],
         outputs: Sequence[RequestedOutput],
         parameters: dict[str, ParameterValue],
-    ) -> InferResult:
-        view, resolved = await self.resolve_for_infer(model, version)
+    ) -> asyncio.Future[InferResponseMessage]:
+        """Validate and queue one request without waiting; the future gets its response.
+
+        The request leaves with this event-loop iteration's other ``XADD``s. The future
+        ends with the worker's response (see :meth:`result`), or fails with
+        ``SluiceError``: UNAVAILABLE "Exceeds maximum queue size" (Triton
+        ``max_queue_size``), "broker unavailable", or "Request timeout expired" once the
+        gateway's deadline (``request_timeout_s``) passes.
+
+        Raises:
+            SluiceError: at once, UNSUPPORTED for a decoupled model or INVALID_ARG when the
+                request does not match the model config (:func:`validate_request`).
+        """
+        model = view.name
         if view.decoupled:
             raise SluiceError(
                 ErrorCode.UNSUPPORTED,
@@ -452,18 +499,50 @@ class DataPlane:
             self._layouts[(model, resolved)] = layout
         level = layout.level_of(int(parameters.get("priority", 0) or 0))
         max_queue_size = view.policy.queue_policy(level).max_queue_size
-        future = self.router.expect(request_id)
+        future = self.router.expect(request_id, message.deadline_ns)
         try:
-            await self._producer.enqueue(layout.stream(level), message, max_queue_size)
-        except SluiceError as exc:
-            self.router.forget(request_id)
-            if exc.message == QUEUE_FULL:
-                await self._count_rejection(model, resolved)
-            raise
+            queued = self._producer.submit(layout.stream(level), message, max_queue_size)
         except BaseException:
-            self.router.forget(request_id)
+            future.cancel()
             raise
-        response = await self.router.wait(request_id, future, message.deadline_ns)
+        queued.add_done_callback(functools.partial(self._queued, future, model, resolved))
+        return future
+
+    def _queued(
+        self,
+        future: asyncio.Future[InferResponseMessage],
+        model: str,
+        version: int,
+        queued: asyncio.Future[Any],
+    ) -> None:
+        """Redis answered the ``XADD``: a refusal or an unreachable Redis fails the request."""
+        if queued.cancelled():
+            error: BaseException = SluiceError(
+                ErrorCode.UNAVAILABLE, "Server exiting: request not queued", model=model
+            )
+        elif (exc := queued.exception()) is None:
+            return
+        else:
+            error = enqueue_error(exc, model)
+        if isinstance(error, SluiceError) and error.message == QUEUE_FULL:
+            task = asyncio.ensure_future(self._count_rejection(model, version))
+            self._background.add(task)
+            task.add_done_callback(self._counted)
+        if not future.done():
+            future.set_exception(error)
+
+    def _counted(self, task: asyncio.Future[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            logger.warning("could not count a rejected request: %s", exc)
+
+    @staticmethod
+    def result(model: str, client_id: str, response: InferResponseMessage) -> InferResult:
+        """The worker's response as an :class:`InferResult`.
+
+        Raises:
+            SluiceError: the error the model (or the worker) answered with.
+        """
         if response.error is not None:
             raise SluiceError(response.error.code, response.error.message, model=model)
         return InferResult(

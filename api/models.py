@@ -6,6 +6,8 @@ request without a version goes to the highest-numbered READY version.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -137,17 +139,33 @@ class ModelRegistry:
         self._store = store
         self._cache_s = cache_s
         self._views: dict[str, ModelView] = {}
+        #: model name -> the Redis read in flight for it
+        self._fetching: dict[str, asyncio.Future[ModelView]] = {}
 
     async def get(self, name: str) -> ModelView:
-        """The view of model ``name``.
+        """The view of model ``name``; concurrent callers share one Redis read.
 
         Raises:
             SluiceError: NOT_FOUND "Request for unknown model: 'm' is not found" when
                 the model never loaded.
         """
-        view = self._views.get(name)
-        if view is not None and time.monotonic() - view.fetched_at < self._cache_s:
+        view = self.cached(name)
+        if view is not None:
             return view
+        fetch = self._fetching.get(name)
+        if fetch is None:
+            fetch = asyncio.ensure_future(self._fetch(name))
+            self._fetching[name] = fetch
+            fetch.add_done_callback(functools.partial(self._fetched, name))
+        return await asyncio.shield(fetch)
+
+    def _fetched(self, name: str, fetch: asyncio.Future[ModelView]) -> None:
+        if self._fetching.get(name) is fetch:
+            del self._fetching[name]
+        if not fetch.cancelled():
+            fetch.exception()  # retrieved: its waiters may all have been cancelled
+
+    async def _fetch(self, name: str) -> ModelView:
         record = await self._store.get(name)
         if not record.config_json or not record.versions:
             self._views.pop(name, None)
@@ -160,9 +178,17 @@ class ModelRegistry:
         self._views[name] = view
         return view
 
+    def cached(self, name: str) -> ModelView | None:
+        """The view of ``name`` when cached and fresh, else None (no Redis read)."""
+        view = self._views.get(name)
+        if view is not None and time.monotonic() - view.fetched_at < self._cache_s:
+            return view
+        return None
+
     def invalidate(self, name: str) -> None:
         """Forget the cached view of ``name`` (after a load or unload through this gateway)."""
         self._views.pop(name, None)
+        self._fetching.pop(name, None)
 
     async def resolve(self, name: str, version: int | None) -> tuple[ModelView, int]:
         """The view of ``name`` and the version a request runs on (:meth:`ModelView.resolve`)."""

@@ -8,6 +8,9 @@ when the stream already holds that many entries that no instance has taken yet
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import redis.exceptions
 
 from broker.codec import encode_request
@@ -34,33 +37,56 @@ class Producer:
     def __init__(self, connection: MultiplexedConnection) -> None:
         self._connection = connection
 
-    async def enqueue(
+    def submit(
         self, stream: str, message: InferRequestMessage, max_queue_size: int = 0
-    ) -> None:
-        """``XADD`` one request to ``stream``, refusing it when the queue is full.
+    ) -> asyncio.Future[Any]:
+        """Queue one request on ``stream`` now; the future ends when Redis has taken it.
+
+        No await: the ``XADD`` leaves with this event-loop iteration's other commands.
 
         Args:
             stream: the stream of the request's model version and priority level.
             message: the request.
             max_queue_size: Triton ``max_queue_size`` of the level; 0 = unbounded.
 
+        Returns:
+            A future that raises ``SluiceError`` UNAVAILABLE "Exceeds maximum queue size"
+            when the queue is full, or a ``redis.exceptions.RedisError`` when Redis cannot
+            be reached or does not answer (:func:`enqueue_error` turns it into Triton's).
+        """
+        payload = encode_request(message)
+        if max_queue_size <= 0:
+            return self._connection.call("XADD", stream, "*", PAYLOAD_FIELD, payload)
+        return asyncio.ensure_future(self._bounded(stream, message.model, payload, max_queue_size))
+
+    async def _bounded(self, stream: str, model: str, payload: bytes, max_queue_size: int) -> None:
+        added = await self._connection.script(
+            BOUNDED_XADD, [stream], [max_queue_size, WORKER_GROUP, payload]
+        )
+        if not added:
+            raise SluiceError(ErrorCode.UNAVAILABLE, QUEUE_FULL, model=model)
+
+    async def enqueue(
+        self, stream: str, message: InferRequestMessage, max_queue_size: int = 0
+    ) -> None:
+        """:meth:`submit` and wait until Redis has taken the request.
+
         Raises:
             SluiceError: UNAVAILABLE "Exceeds maximum queue size" when full, or when
                 Redis cannot be reached or does not answer.
         """
-        payload = encode_request(message)
         try:
-            if max_queue_size <= 0:
-                await self._connection.call("XADD", stream, "*", PAYLOAD_FIELD, payload)
-                return
-            added = await self._connection.script(
-                BOUNDED_XADD, [stream], [max_queue_size, WORKER_GROUP, payload]
-            )
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-            raise SluiceError(
-                ErrorCode.UNAVAILABLE,
-                f"broker unavailable for model '{message.model}': {exc}",
-                model=message.model,
-            ) from exc
-        if not added:
-            raise SluiceError(ErrorCode.UNAVAILABLE, QUEUE_FULL, model=message.model)
+            await self.submit(stream, message, max_queue_size)
+        except Exception as exc:
+            raise enqueue_error(exc, message.model) from exc
+
+
+def enqueue_error(exc: BaseException, model: str) -> BaseException:
+    """What a failed :meth:`Producer.submit` means to the client: a ``SluiceError`` as is,
+    Redis unreachable or silent as UNAVAILABLE "broker unavailable for model ..."; anything
+    else unchanged."""
+    if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
+        return SluiceError(
+            ErrorCode.UNAVAILABLE, f"broker unavailable for model '{model}': {exc}", model=model
+        )
+    return exc

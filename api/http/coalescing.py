@@ -48,6 +48,14 @@ class CoalescingTransport:
         else:
             self._pending.append(data)
 
+    def write_now(self, data: bytes) -> None:
+        """Send ``data`` at once, after anything pending (a response written whole)."""
+        if self._pending is not None:
+            self._pending.append(data)
+            self.flush()
+        elif not self._transport.is_closing():
+            self._transport.write(data)
+
     def writelines(self, chunks: Any) -> None:
         """Queue each chunk of ``chunks`` (as :meth:`write`)."""
         for chunk in chunks:

@@ -9,19 +9,26 @@ status of ``api/errors.py``.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import orjson
 import redis.exceptions
 from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
-from api.dataplane import DataPlane
+from api.dataplane import DataPlane, InferResult
 from api.errors import http_status
 from api.http.body import compress, decompress, negotiate_encoding
-from api.http.infer_codec import encode_infer_response, parse_infer_request
+from api.http.coalescing import CoalescingTransport
+from api.http.infer_codec import HttpInferRequest, encode_infer_response, parse_infer_request
+from api.models import ModelView
 from broker.errors import SluiceError, invalid_arg
+from broker.messages import InferResponseMessage
 
 logger = logging.getLogger(__name__)
 
@@ -53,42 +60,71 @@ async def _read_body(receive: Receive, headers: Mapping[bytes, bytes], limit: in
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def handle_infer(
-    dp: DataPlane,
-    model: str,
-    version: int | None,
-    headers: Mapping[bytes, bytes],
-    receive: Receive,
-) -> tuple[bytes, dict[str, str]]:
-    """Run one HTTP inference request; returns the response body and headers.
+def _header_length(headers: Mapping[bytes, bytes], body: bytes) -> int | None:
+    raw_length = headers.get(_HEADER_LENGTH)
+    if raw_length is None:
+        return None
+    try:
+        return int(raw_length)
+    except ValueError:
+        raise invalid_arg(
+            f"inference header size should be in range (0, {len(body)}), got: "
+            f"{raw_length.decode('latin-1')}"
+        ) from None
+
+
+def _parse(
+    dp: DataPlane, model: str, headers: Mapping[bytes, bytes], raw_body: bytes
+) -> HttpInferRequest:
+    """Decompress and parse a request whose body was read whole.
 
     Raises:
-        SluiceError: anything Triton answers with an error status.
+        SluiceError: INVALID_ARG / UNSUPPORTED for a malformed body (Triton's texts).
     """
-    await dp.resolve_for_infer(model, version)  # unknown model: 404 before the body is read
-    limit = dp.settings.http.max_body_bytes
     encoding = headers.get(b"content-encoding")
     body = decompress(
-        await _read_body(receive, headers, limit),
+        raw_body,
         encoding.decode("latin-1") if encoding else None,
-        limit,
+        dp.settings.http.max_body_bytes,
     )
-    raw_length = headers.get(_HEADER_LENGTH)
-    header_length: int | None = None
-    if raw_length is not None:
-        try:
-            header_length = int(raw_length)
-        except ValueError:
-            raise invalid_arg(
-                f"inference header size should be in range (0, {len(body)}), got: "
-                f"{raw_length.decode('latin-1')}"
-            ) from None
-    parsed = parse_infer_request(body, header_length, model=model)
-    result = await dp.infer(
-        model, version, parsed.client_id, parsed.inputs, parsed.outputs, parsed.parameters
-    )
+    return parse_infer_request(body, _header_length(headers, body), model=model)
+
+
+def _submit(
+    dp: DataPlane,
+    request_id: str,
+    view: ModelView,
+    resolved: int,
+    version: int | None,
+    parsed: HttpInferRequest,
+) -> asyncio.Future[InferResponseMessage]:
+    """Validate and queue a parsed request (:meth:`DataPlane.submit`); a refusal is
+    logged with the request's ids.
+
+    Raises:
+        SluiceError: as :meth:`DataPlane.submit`.
+    """
+    try:
+        return dp.submit(
+            request_id,
+            view,
+            resolved,
+            parsed.client_id,
+            parsed.inputs,
+            parsed.outputs,
+            parsed.parameters,
+        )
+    except SluiceError as exc:
+        dp.log_failure(request_id, parsed.client_id, view.name, version, exc)
+        raise
+
+
+def _encode(
+    result: InferResult, parsed: HttpInferRequest, headers: Mapping[bytes, bytes]
+) -> tuple[bytes, dict[str, str]]:
+    """The response body and headers of a result (compressed when the client asks)."""
     content, out_headers = encode_infer_response(
-        model=model,
+        model=result.model,
         version=str(result.version),
         client_id=result.client_id,
         outputs=result.outputs,
@@ -104,6 +140,48 @@ async def handle_infer(
     return content, out_headers
 
 
+async def handle_infer(
+    dp: DataPlane,
+    request_id: str,
+    model: str,
+    version: int | None,
+    headers: Mapping[bytes, bytes],
+    receive: Receive,
+) -> tuple[bytes, dict[str, str]]:
+    """Run one HTTP inference request; returns the response body and headers.
+
+    Raises:
+        SluiceError: anything Triton answers with an error status.
+    """
+    view, resolved = await dp.resolve_for_infer(model, version)  # unknown model: 404 first
+    raw = await _read_body(receive, headers, dp.settings.http.max_body_bytes)
+    parsed = _parse(dp, model, headers, raw)
+    future = _submit(dp, request_id, view, resolved, version, parsed)
+    try:
+        result = dp.result(model, parsed.client_id, await future)
+    except SluiceError as exc:
+        dp.log_failure(request_id, parsed.client_id, model, version, exc)
+        raise
+    return _encode(result, parsed, headers)
+
+
+def _error_body(message: str) -> bytes:
+    return orjson.dumps({"error": message})
+
+
+def _failure(exc: BaseException, model: str) -> tuple[int, bytes]:
+    """Status and body of a failed request (Triton's ``{"error": ...}``)."""
+    if isinstance(exc, SluiceError):
+        return http_status(exc.code), _error_body(exc.message)
+    if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
+        logger.warning("Redis unreachable: %s", exc)
+        return 503, _error_body(f"broker unavailable: {exc}")
+    if isinstance(exc, asyncio.CancelledError):
+        return 503, _error_body(f"Server exiting: request to model '{model}' not answered")
+    logger.error("unexpected error on infer for model '%s'", model, exc_info=exc)
+    return 500, _error_body(f"internal error: {type(exc).__name__}: {exc}")
+
+
 async def _respond(send: Send, status: int, body: bytes, headers: Mapping[str, str]) -> None:
     raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
     raw.append((b"content-length", str(len(body)).encode()))
@@ -113,6 +191,10 @@ async def _respond(send: Send, status: int, body: bytes, headers: Mapping[str, s
 
 class InferEndpoint:
     """ASGI layer answering ``POST .../infer``; every other request goes to ``app``.
+
+    Also the task-free path of :class:`api.http.protocol.HttpProtocol`
+    (:meth:`accepts` and :meth:`answer`), which takes most infer requests before they
+    become ASGI calls.
 
     Args:
         app: the FastAPI application with the other routes.
@@ -132,24 +214,123 @@ class InferEndpoint:
                 send, 405, b'{"error":"Method Not Allowed"}', {"content-type": "application/json"}
             )
             return
-        model, version = match.group(1), match.group(2)
+        model, version = match.group(1), None if match.group(2) is None else int(match.group(2))
         headers = dict(scope["headers"])
+        request_id = self.dataplane.next_request_id()
         try:
             body, out = await handle_infer(
-                self.dataplane, model, None if version is None else int(version), headers, receive
+                self.dataplane, request_id, model, version, headers, receive
             )
             await _respond(send, 200, body, out)
-        except SluiceError as exc:
-            await self._error(send, exc.message, http_status(exc.code))
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-            logger.warning("Redis unreachable: %s", exc)
-            await self._error(send, f"broker unavailable: {exc}", 503)
         except Exception as exc:
-            logger.exception("unexpected error on infer for model '%s'", model)
-            await self._error(send, f"internal error: {type(exc).__name__}: {exc}", 500)
+            status, body = _failure(exc, model)
+            await _respond(send, status, body, _JSON)
 
-    @staticmethod
-    async def _error(send: Send, message: str, status: int) -> None:
-        await _respond(
-            send, status, orjson.dumps({"error": message}), {"content-type": "application/json"}
+    # -- the task-free path ------------------------------------------------------------------
+
+    def accepts(self, scope: Scope) -> bool:
+        """Whether a request can take the task-free path: ``POST`` to an infer route with a
+        ``Content-Length`` within the body limit (no chunked body, no ``Expect``)."""
+        if scope["method"] != "POST" or INFER_PATH.match(scope["path"]) is None:
+            return False
+        length = None
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                length = value
+            elif name in (b"transfer-encoding", b"expect"):
+                return False
+        return (
+            length is not None
+            and length.isdigit()
+            and int(length) <= self.dataplane.settings.http.max_body_bytes
         )
+
+    def answer(self, cycle: Any, body: bytes, fallback: Callable[[], None]) -> bool:
+        """Queue a request whose body was read whole and answer it when its response comes,
+        from callbacks: no task, no ASGI messages.
+
+        Args:
+            cycle: uvicorn's ``RequestResponseCycle`` of the request.
+            body: the request body.
+            fallback: starts the ASGI call instead (when the model's view is not cached).
+
+        Returns:
+            False when it called ``fallback``.
+        """
+        scope = cycle.scope
+        match = INFER_PATH.match(scope["path"])
+        model, version = match.group(1), None if match.group(2) is None else int(match.group(2))
+        dp = self.dataplane
+        try:
+            cached = dp.cached_view(model, version)
+            if cached is None:
+                fallback()
+                return False
+            request_id = dp.next_request_id()
+            headers = dict(scope["headers"])
+            parsed = _parse(dp, model, headers, body)
+            future = _submit(dp, request_id, cached[0], cached[1], version, parsed)
+        except Exception as exc:
+            status, content = _failure(exc, model)
+            write_response(cycle, status, content, _JSON)
+            return True
+        future.add_done_callback(
+            functools.partial(
+                self._answered, cycle, request_id, model, version, parsed, headers
+            )
+        )
+        return True
+
+    def _answered(
+        self,
+        cycle: Any,
+        request_id: str,
+        model: str,
+        version: int | None,
+        parsed: HttpInferRequest,
+        headers: Mapping[bytes, bytes],
+        future: asyncio.Future[InferResponseMessage],
+    ) -> None:
+        dp = self.dataplane
+        try:
+            result = dp.result(model, parsed.client_id, future.result())
+            content, out = _encode(result, parsed, headers)
+            status = 200
+        except BaseException as exc:  # CancelledError too: the server is exiting
+            if isinstance(exc, SluiceError):
+                dp.log_failure(request_id, parsed.client_id, model, version, exc)
+            status, content = _failure(exc, model)
+            out = _JSON
+        write_response(cycle, status, content, out)
+
+
+_JSON = {"content-type": "application/json"}
+
+
+def write_response(cycle: Any, status: int, body: bytes, headers: Mapping[str, str]) -> None:
+    """Answer uvicorn's ``RequestResponseCycle`` with one complete response in one write,
+    as its ``send`` would (default headers, ``connection: close`` when not keeping the
+    connection alive, then the next pipelined request); nothing once the client left."""
+    if cycle.disconnected or cycle.response_started:
+        return
+    parts = [STATUS_LINE[status]]
+    for name, value in cycle.default_headers:
+        parts += [name, b": ", value, b"\r\n"]
+    for name, value in headers.items():
+        parts.append(f"{name.lower()}: {value}\r\n".encode("latin-1"))
+    parts.append(b"content-length: %d\r\n" % len(body))
+    if not cycle.keep_alive:
+        parts.append(b"connection: close\r\n")
+    parts += [b"\r\n", body]
+    cycle.response_started = True
+    cycle.waiting_for_100_continue = False
+    transport = cycle.transport
+    if isinstance(transport, CoalescingTransport):
+        transport.write_now(b"".join(parts))  # whole already: no reason to wait for the flush
+    else:
+        transport.write(b"".join(parts))
+    cycle.response_complete = True
+    cycle.message_event.set()
+    if not cycle.keep_alive:
+        cycle.transport.close()
+    cycle.on_response()

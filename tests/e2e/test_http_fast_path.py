@@ -1,0 +1,156 @@
+"""The gateway's task-free infer path (``api/http/protocol.py``) as a client sees it.
+
+Infer requests with a ``Content-Length`` are queued and answered from callbacks,
+without an ASGI task; chunked bodies, ``Expect`` and models whose view is not cached
+take the ASGI call. Both must answer alike: bodies beyond uvicorn's read buffer,
+pipelined requests in order, errors in the middle of a pipeline, ``Connection:
+close`` and HTTP/1.0, and clients that leave before their answer.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def _json_request(model: str, values: list[float], extra_headers: str = "") -> bytes:
+    body = json.dumps(
+        {"inputs": [{"name": "INPUT0", "shape": [len(values)], "datatype": "FP32", "data": values}]}
+    ).encode()
+    return (
+        f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: x\r\n"
+        f"Content-Type: application/json\r\n{extra_headers}"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+def _read_responses(sock: socket.socket, count: int) -> list[tuple[bytes, dict[str, str], bytes]]:
+    """Read ``count`` Content-Length framed responses off ``sock``."""
+    raw = b""
+    responses: list[tuple[bytes, dict[str, str], bytes]] = []
+    while len(responses) < count:
+        while b"\r\n\r\n" not in raw:
+            chunk = sock.recv(65536)
+            assert chunk, f"connection closed after {len(responses)} responses"
+            raw += chunk
+        head, raw = raw.split(b"\r\n\r\n", 1)
+        status, *lines = head.split(b"\r\n")
+        headers = {}
+        for line in lines:
+            key, value = line.decode().split(":", 1)
+            headers[key.strip().lower()] = value.strip()
+        length = int(headers["content-length"])
+        while len(raw) < length:
+            chunk = sock.recv(65536)
+            assert chunk, "connection closed inside a body"
+            raw += chunk
+        responses.append((status, headers, raw[:length]))
+        raw = raw[length:]
+    return responses
+
+
+def _outputs(body: bytes) -> list[float]:
+    return json.loads(body)["outputs"][0]["data"]
+
+
+def test_binary_body_larger_than_the_read_buffer(http_client) -> None:
+    """4 MB of binary tensor data (uvicorn pauses reading past 64 KiB until ASGI
+    ``receive``; the task-free path must keep reading)."""
+    import tritonclient.http as httpclient
+
+    data = np.arange(1_000_000, dtype=np.float32)
+    tensor = httpclient.InferInput("INPUT0", [data.size], "FP32")
+    tensor.set_data_from_numpy(data, binary_data=True)
+    out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)
+    result = http_client.infer("nobatch", [tensor], outputs=[out])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data * 2)
+
+
+def test_pipelined_requests_answered_in_order_with_an_error_between(server) -> None:
+    requests = [
+        _json_request("nobatch", [1.0, 2.0]),
+        _json_request("nobatch", [3.0]),
+        _json_request("nobatch", [1.0, "x"]),  # type: ignore[list-item]
+        _json_request("nope", [1.0]),
+        _json_request("nobatch", [5.0, 6.0, 7.0]),
+    ]
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
+        sock.sendall(b"".join(requests))
+        responses = _read_responses(sock, len(requests))
+    assert [status for status, _, _ in responses] == [
+        b"HTTP/1.1 200 OK",
+        b"HTTP/1.1 200 OK",
+        b"HTTP/1.1 400 Bad Request",
+        b"HTTP/1.1 404 Not Found",
+        b"HTTP/1.1 200 OK",
+    ]
+    assert _outputs(responses[0][2]) == [2.0, 4.0]
+    assert _outputs(responses[1][2]) == [6.0]
+    assert "INPUT0" in json.loads(responses[2][2])["error"]
+    assert json.loads(responses[3][2]) == {
+        "error": "Request for unknown model: 'nope' is not found"
+    }
+    assert _outputs(responses[4][2]) == [10.0, 12.0, 14.0]
+
+
+def test_chunked_body_takes_the_asgi_call(server) -> None:
+    body = json.dumps(
+        {"inputs": [{"name": "INPUT0", "shape": [2], "datatype": "FP32", "data": [4.0, 0.5]}]}
+    ).encode()
+    half = len(body) // 2
+    chunked = b"".join(
+        f"{len(part):x}\r\n".encode() + part + b"\r\n" for part in (body[:half], body[half:])
+    ) + b"0\r\n\r\n"
+    request = (
+        b"POST /v2/models/nobatch/infer HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked
+    )
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
+        sock.sendall(request + _json_request("nobatch", [1.0]))
+        responses = _read_responses(sock, 2)
+    assert [status for status, _, _ in responses] == [b"HTTP/1.1 200 OK"] * 2
+    assert _outputs(responses[0][2]) == [8.0, 1.0]
+    assert _outputs(responses[1][2]) == [2.0]
+
+
+def test_connection_close_and_http_1_0_end_the_connection(server) -> None:
+    for request in (
+        _json_request("nobatch", [2.0], extra_headers="Connection: close\r\n"),
+        _json_request("nobatch", [2.0]).replace(b"HTTP/1.1", b"HTTP/1.0", 1),
+    ):
+        with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
+            sock.sendall(request)
+            (status, headers, body), = _read_responses(sock, 1)
+            assert sock.recv(1) == b""  # closed after the answer
+        assert status.endswith(b"200 OK")
+        assert headers["connection"] == "close"
+        assert _outputs(body) == [4.0]
+
+
+def test_client_leaving_before_its_answer_harms_nobody(server, http_client) -> None:
+    """A client that closes while its request sleeps in the model: the answer has nowhere
+    to go and is dropped; the next clients are served."""
+    body = json.dumps({
+        "inputs": [{"name": "IN", "shape": [1, 1], "datatype": "FP32", "data": [7.0]}],
+        "parameters": {"sleep_ms": 300},
+    }).encode()
+    request = (
+        b"POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+    )
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
+            sock.sendall(request)
+    time.sleep(1.2)  # the three answers come back to closed connections
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
+        sock.sendall(_json_request("nobatch", [8.0]))
+        (status, _, response), = _read_responses(sock, 1)
+    assert status == b"HTTP/1.1 200 OK"
+    assert _outputs(response) == [16.0]
+    assert "Traceback" not in server.log()
