@@ -150,10 +150,15 @@ class InstanceLoop:
         deliveries = self._consumer.read(count=room, block_ms=None)
         if deliveries:
             self.admit(deliveries)
-        else:
-            remaining_ns = wake - self._clock()
-            if remaining_ns > 0:
-                time.sleep(min(remaining_ns, POLL_NS) / 1e9)
+            return
+        remaining_ns = wake - self._clock()
+        if remaining_ns <= 0:
+            return
+        time.sleep(min(remaining_ns, POLL_NS) / 1e9)
+        if remaining_ns <= POLL_NS:
+            # The window closed while sleeping: take in what was queued meanwhile, as
+            # Triton's batch holds every request enqueued before the delay ran out.
+            self.admit(self._consumer.read(count=room, block_ms=None))
 
     def drain(self) -> None:
         """Graceful stop: run what is held and what is still queued, ignoring delay windows.

@@ -1,0 +1,122 @@
+"""InstanceLoop against a real Redis stream: what a delay window's batch holds."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import redis
+from google.protobuf import text_format
+from tritonclient.grpc.model_config_pb2 import ModelConfig
+
+from broker.codec import decode_response, encode_request
+from broker.consumer import Delivery, StreamConsumer
+from broker.keys import KeySchema
+from broker.messages import InferRequestMessage, WireTensor
+from broker.producer import PAYLOAD_FIELD
+from broker.scheduling import ShapeKeys, StreamLayout, scheduling_policy
+from gpu_workers.backends.base import InferRequest, InferResponse
+from gpu_workers.loop import InstanceLoop, output_datatypes
+
+CONFIG = """
+name: "m" max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 20000 }
+"""
+WINDOW_NS = 20_000_000
+
+
+class _Recorder:
+    """A backend answering its input and noting the size of each execution."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+
+    def execute(self, requests: Sequence[InferRequest]) -> list[InferResponse]:
+        self.batches.append([r.request_id for r in requests])
+        return [InferResponse({"OUTPUT0": r.inputs["INPUT0"]}) for r in requests]
+
+
+class _LateArrival:
+    """A consumer whose first non-blocking read inside the window is followed at once by
+    one more request: it is queued while the instance sleeps out the window's end."""
+
+    def __init__(self, consumer: StreamConsumer, arrive: object) -> None:
+        self._consumer = consumer
+        self._arrive = arrive
+        self.polls = 0
+
+    def read(self, count: int, block_ms: int | None) -> list[Delivery]:
+        deliveries = self._consumer.read(count=count, block_ms=block_ms)
+        if block_ms is None:
+            self.polls += 1
+            if self.polls == 1:
+                self._arrive()  # type: ignore[operator]
+        return deliveries
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._consumer, name)
+
+
+def _request(n: int, enqueued_ns: int, reply_to: str) -> InferRequestMessage:
+    return InferRequestMessage(
+        request_id=f"r{n}",
+        client_id="",
+        model="m",
+        version=1,
+        inputs=(WireTensor("INPUT0", "INT32", (1, 1), np.int32(n).tobytes()),),
+        outputs=(),
+        parameters={},
+        reply_to=reply_to,
+        deadline_ns=enqueued_ns + 10**10,
+        enqueued_ns=enqueued_ns,
+    )
+
+
+def test_a_request_queued_while_the_window_closes_joins_the_batch(
+    redis_url: str, key_prefix: str
+) -> None:
+    """Triton's batch holds every request enqueued before the delay ran out: one that
+    arrives after the instance's last poll but before the window's end is read before
+    the batch is formed, not left for the next execution."""
+    client = redis.Redis.from_url(redis_url, protocol=2, socket_timeout=5)
+    config = text_format.Parse(CONFIG, ModelConfig())
+    layout = StreamLayout(KeySchema(key_prefix), "m", 1, scheduling_policy(config))
+    stream, reply = layout.stream(0), f"{key_prefix}reply:g"
+    start = time.time_ns()
+    now = [start]
+
+    def arrive() -> None:
+        client.xadd(stream, {PAYLOAD_FIELD: encode_request(_request(2, now[0], reply))})
+
+    real = StreamConsumer(client, layout.streams(), "instance-0")
+    real.ensure_groups()
+    consumer = _LateArrival(real, arrive)
+    backend = _Recorder()
+    loop = InstanceLoop(
+        consumer,  # type: ignore[arg-type]
+        backend,  # type: ignore[arg-type]
+        layout,
+        ShapeKeys(config),
+        output_datatypes(config),
+        f"{key_prefix}{{m}}:stats:1",
+        batching=True,
+        clock=lambda: now[0],
+    )
+    try:
+        client.xadd(stream, {PAYLOAD_FIELD: encode_request(_request(1, start, reply))})
+        loop.step()  # blocks until r1 is read: it opens a 20 ms window
+        now[0] = start + WINDOW_NS - 200_000  # 200 µs left: poll (empty), r2 comes, sleep
+        loop.step()
+        now[0] = start + WINDOW_NS + 1  # the window is over
+        loop.step()
+        real.flush()
+        assert backend.batches == [["r1", "r2"]]
+        answers = {decode_response(p).request_id for p in client.lrange(reply, 0, -1)}
+        assert answers == {"r1", "r2"}
+    finally:
+        real.close()
+        client.delete(stream, reply, f"{key_prefix}{{m}}:stats:1")
+        client.close()
