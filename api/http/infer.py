@@ -296,7 +296,7 @@ class InferEndpoint:
             result = dp.result(model, parsed.client_id, future.result())
             content, out = _encode(result, parsed, headers)
             status = 200
-        except BaseException as exc:  # CancelledError too: the server is exiting
+        except (Exception, asyncio.CancelledError) as exc:  # cancelled: the server exits
             if isinstance(exc, SluiceError):
                 dp.log_failure(request_id, parsed.client_id, model, version, exc)
             status, content = _failure(exc, model)

@@ -1,0 +1,106 @@
+"""The gateway's model view cache against a real Redis: one read per stale view."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+import redis.asyncio
+from google.protobuf import json_format
+from tritonclient.grpc.model_config_pb2 import ModelConfig
+
+from api.models import ModelRegistry
+from broker.errors import SluiceError
+from broker.keys import KeySchema
+from broker.model_store import AsyncModelStore, ModelRecord, ModelState, ModelStore, VersionState
+
+
+class _CountingStore(AsyncModelStore):
+    """The real store, counting its model reads."""
+
+    reads = 0
+
+    async def get(self, model: str) -> ModelRecord:
+        self.reads += 1
+        return await super().get(model)
+
+
+def test_concurrent_requests_share_one_read_of_a_stale_view(
+    redis_url: str, key_prefix: str
+) -> None:
+    keys = KeySchema(key_prefix)
+    sync = redis.Redis.from_url(redis_url)
+    store = ModelStore(sync, keys)
+    config = ModelConfig(name="m", platform="onnxruntime_onnx", max_batch_size=4)
+    store.publish_config("m", json_format.MessageToJson(config))
+    store.set_state("m", 1, VersionState(ModelState.READY))
+
+    async def scenario() -> tuple[int, int, list[str]]:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        counting = _CountingStore(client, keys)
+        registry = ModelRegistry(counting, cache_s=0.05)
+        try:
+            views = await asyncio.gather(*(registry.get("m") for _ in range(32)))
+            first = counting.reads
+            assert registry.cached("m") is views[0]
+            await asyncio.sleep(0.06)  # stale: the next callers read again, once
+            assert registry.cached("m") is None
+            await asyncio.gather(*(registry.resolve("m", None) for _ in range(32)))
+            errors = await asyncio.gather(
+                *(registry.get("nope") for _ in range(8)), return_exceptions=True
+            )
+            return first, counting.reads, [str(e) for e in errors]
+        finally:
+            await client.aclose()
+
+    try:
+        first, total, errors = asyncio.run(scenario())
+    finally:
+        sync.close()
+    assert first == 1
+    assert total == 3  # one more for the stale view, one for the unknown model
+    assert errors == ["Request for unknown model: 'nope' is not found"] * 8
+
+
+def test_a_cancelled_caller_does_not_cancel_the_shared_read(
+    redis_url: str, key_prefix: str
+) -> None:
+    keys = KeySchema(key_prefix)
+    sync = redis.Redis.from_url(redis_url)
+    ModelStore(sync, keys).publish_config(
+        "m", json_format.MessageToJson(ModelConfig(name="m", max_batch_size=4))
+    )
+    ModelStore(sync, keys).set_state("m", 1, VersionState(ModelState.READY))
+
+    async def scenario() -> str:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        registry = ModelRegistry(AsyncModelStore(client, keys), cache_s=10)
+        try:
+            impatient = asyncio.ensure_future(registry.get("m"))
+            patient = asyncio.ensure_future(registry.get("m"))
+            await asyncio.sleep(0)
+            impatient.cancel()
+            view = await patient
+            with pytest.raises(asyncio.CancelledError):
+                await impatient
+            return view.name
+        finally:
+            await client.aclose()
+
+    try:
+        assert asyncio.run(scenario()) == "m"
+    finally:
+        sync.close()
+
+
+def test_unknown_model_is_not_found(redis_url: str, key_prefix: str) -> None:
+    async def scenario() -> None:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            with pytest.raises(SluiceError, match="'ghost' is not found"):
+                await ModelRegistry(AsyncModelStore(client, KeySchema(key_prefix)), 1).get("ghost")
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())
