@@ -22,6 +22,7 @@ from api.log_settings import LogSettings
 from api.models import ModelRegistry, ModelView
 from api.settings import GatewaySettings
 from api.validation import validate_request
+from broker.codec import CodecError, decode_request
 from broker.control import ControlCommand, encode_command
 from broker.errors import ErrorCode, SluiceError
 from broker.keys import WORKER_GROUP, KeySchema
@@ -34,7 +35,7 @@ from broker.messages import (
 )
 from broker.model_store import ModelState
 from broker.multiplex import MultiplexedConnection
-from broker.producer import QUEUE_FULL, Producer, enqueue_error
+from broker.producer import PAYLOAD_FIELD, QUEUE_FULL, Producer, enqueue_error
 from broker.replies import ReplyRouter
 from broker.scheduling import StreamLayout
 from broker.scripts import ACK_AND_COUNT
@@ -530,6 +531,38 @@ class DataPlane:
             task.add_done_callback(self._counted)
         if not future.done():
             future.set_exception(error)
+
+    async def drop_unanswered(self) -> int:
+        """At exit, after :meth:`ReplyRouter.stop` answered every waiting client: take this
+        gateway's requests that are still queued off their streams, so no instance runs
+        them later (Triton drops what it has not run when it exits; a later server on the
+        same Redis would otherwise run them and count them). Returns how many it took.
+
+        An instance that already holds one of them still runs it; its answer is dropped.
+
+        Raises:
+            redis.exceptions.RedisError: Redis unreachable.
+        """
+        dropped = 0
+        for layout in list(self._layouts.values()):
+            for stream in layout.streams():
+                ids: list[bytes] = []
+                start: bytes | str = "-"
+                while True:
+                    entries = await self._redis.xrange(stream, min=start, max="+", count=500)
+                    for entry_id, fields in entries:
+                        try:
+                            reply_to = decode_request(fields[PAYLOAD_FIELD]).reply_to
+                        except (CodecError, KeyError):
+                            continue
+                        if reply_to == self.router.reply_key:
+                            ids.append(entry_id)
+                    if len(entries) < 500:
+                        break
+                    start = b"(" + entries[-1][0]
+                if ids:
+                    dropped += int(await self._redis.xdel(stream, *ids))
+        return dropped
 
     def _counted(self, task: asyncio.Future[None]) -> None:
         self._background.discard(task)

@@ -13,6 +13,7 @@ import logging
 import signal
 import sys
 
+import redis.exceptions
 import uvicorn
 import uvloop
 
@@ -52,6 +53,12 @@ def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="longest wait for a response when the client sets none (60)",
     )
+    parser.add_argument(
+        "--exit-timeout-secs",
+        type=float,
+        default=None,
+        help="at shutdown, longest wait for in-flight requests (30)",
+    )
     parser.add_argument("--log-verbose", type=int, default=None)
     add_frontend_arguments(parser)
 
@@ -76,6 +83,8 @@ def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
         update["strict_readiness"] = args.strict_readiness
     if args.request_timeout_secs is not None:
         update["request_timeout_s"] = args.request_timeout_secs
+    if args.exit_timeout_secs is not None:
+        update["exit_timeout_s"] = args.exit_timeout_secs
     if args.log_verbose is not None:
         update["log_verbose"] = args.log_verbose
     return apply_frontend_arguments(settings.model_copy(update=update), args)
@@ -104,9 +113,10 @@ async def serve_gateway(settings: GatewaySettings) -> None:
 
     HTTP (with ``/dashboard``), gRPC and the metrics endpoint run on this one event
     loop; HTTP and gRPC share one :class:`DataPlane`.
-    Shutdown is bounded: uvicorn's ``timeout_graceful_shutdown`` (10 s) and the gRPC
-    server's grace (10 s) run together, then the reply router fails whatever still
-    waits with UNAVAILABLE.
+    Shutdown is bounded: uvicorn's ``timeout_graceful_shutdown`` and the gRPC server's
+    grace (both ``exit_timeout_s``, Triton ``--exit-timeout-secs``) run together, then
+    the reply router fails whatever still waits with UNAVAILABLE and this gateway's
+    requests still queued are taken off their streams (their clients were answered).
     """
     from api.grpc.server import GrpcFrontEnd  # grpc.aio only in the gateway process
 
@@ -156,8 +166,9 @@ async def serve_gateway(settings: GatewaySettings) -> None:
         lifespan="off",
         access_log=settings.log_verbose > 0,
         proxy_headers=False,
-        log_level="debug" if settings.log_verbose > 1 else "warning",
-        timeout_graceful_shutdown=10,
+        # uvicorn warns of each malformed request: client-caused, so only from level 1 on
+        log_level={0: "error", 1: "warning"}.get(settings.log_verbose, "debug"),
+        timeout_graceful_shutdown=max(1, round(settings.exit_timeout_s)),
         server_header=False,
         date_header=False,
     )
@@ -177,7 +188,7 @@ async def serve_gateway(settings: GatewaySettings) -> None:
             metrics_server.should_exit = True
         stopped.set()
         if grpc_front is not None and not grpc_stopping:
-            grpc_stopping.append(asyncio.ensure_future(grpc_front.stop(10.0)))
+            grpc_stopping.append(asyncio.ensure_future(grpc_front.stop(settings.exit_timeout_s)))
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -204,8 +215,14 @@ async def serve_gateway(settings: GatewaySettings) -> None:
         if grpc_stopping:
             await grpc_stopping[0]
         elif grpc_front is not None:
-            await grpc_front.stop(10.0)
+            await grpc_front.stop(settings.exit_timeout_s)
         await dataplane.router.stop()
+        try:
+            dropped = await dataplane.drop_unanswered()
+            if dropped:
+                logger.info("took %d unanswered request(s) off the queues at exit", dropped)
+        except redis.exceptions.RedisError as exc:
+            logger.warning("could not take unanswered requests off the queues: %s", exc)
         await dataplane.connection.stop()
         await client.aclose()
 

@@ -109,6 +109,9 @@ class GatewaySettings(BaseSettings):
     """Server metadata ``name`` (Triton ``--id``)."""
     request_timeout_s: float = Field(default=60.0, gt=0)
     """Longest a request may wait for its answer when the client sets no timeout, in seconds."""
+    exit_timeout_s: float = Field(default=30.0, ge=0)
+    """Triton ``--exit-timeout-secs``: at shutdown, how long in-flight requests are waited
+    for (HTTP connections and gRPC calls) before they are answered UNAVAILABLE, in s."""
     reuse_port: bool = False
     """Bind the HTTP and gRPC ports with SO_REUSEPORT so several gateway processes share them
     (``sluice serve --gateway-processes N`` sets ``SLUICE_REUSE_PORT``)."""

@@ -39,7 +39,7 @@ MAX_DELIVERIES = 2
 POLL_NS = 500_000
 #: a stopping instance leaves once its streams stayed empty this long, in ns.
 DRAIN_QUIET_NS = 300_000_000
-#: a stopping instance takes queued entries for at most this long, in ns.
+#: a stopping instance takes queued entries for at most this long by default, in ns.
 DRAIN_LIMIT_NS = 5_000_000_000
 
 #: Triton error code name -> failure reason label of nv_inference_request_failure.
@@ -110,6 +110,8 @@ class InstanceLoop:
         self._held: dict[str, _Held] = {}
         self._read_count = max(1, layout.policy.max_batch_size)
         self.stopping = threading.Event()
+        #: longest graceful drain after :attr:`stopping` is set, in ns.
+        self.drain_limit_ns = DRAIN_LIMIT_NS
         #: output name -> class labels (Triton ``label_filename``), for classification.
         self.labels: dict[str, list[str]] = {}
         #: called between iterations (pending-entry recovery); returns deliveries to admit.
@@ -165,18 +167,23 @@ class InstanceLoop:
 
         Like Triton, which finishes queued requests before an instance goes away, the
         instance keeps taking entries off its streams until they have been empty for
-        :data:`DRAIN_QUIET_NS` (gateways refuse new requests once they are stopping),
-        for at most :data:`DRAIN_LIMIT_NS`. Entries left after that stay pending in
-        Redis for another instance.
+        :data:`DRAIN_QUIET_NS` (gateways refuse new requests once they are stopping;
+        time spent executing does not count as quiet), for at most
+        :attr:`drain_limit_ns` (``sluice serve`` sets it from ``--exit-timeout-secs``).
+        Entries left after that stay pending in Redis for another instance.
         """
         far = self._clock() + 10**15
         start = quiet_since = self._clock()
         while True:
+            ran = False
             while (batch := self._batcher.take(far)) is not None:
                 self._consumer.flush()
                 self._execute(batch)
+                ran = True
             now = self._clock()
-            if now - quiet_since >= DRAIN_QUIET_NS or now - start >= DRAIN_LIMIT_NS:
+            if ran:
+                quiet_since = now
+            if now - quiet_since >= DRAIN_QUIET_NS or now - start >= self.drain_limit_ns:
                 return
             deliveries = self._consumer.read(count=self._read_count, block_ms=None)
             if deliveries:

@@ -31,7 +31,7 @@ from gpu_workers.backends.base import InstanceContext
 from gpu_workers.backends.registry import backend_class
 from gpu_workers.classification import read_labels
 from gpu_workers.liveness import Liveness
-from gpu_workers.loop import InstanceLoop, output_datatypes
+from gpu_workers.loop import DRAIN_LIMIT_NS, InstanceLoop, output_datatypes
 from gpu_workers.warmup import run_warmup
 
 logger = logging.getLogger("gpu_workers")
@@ -58,6 +58,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--config-key", default=None,
                         help="Redis key of the config to start with (default: the model's "
                              "published config)")
+    parser.add_argument(
+        "--drain-timeout-secs",
+        type=float,
+        default=DRAIN_LIMIT_NS / 1e9,
+        help="after SIGTERM, how long the instance keeps running queued requests",
+    )
     parser.add_argument(
         "--stale-instance-secs",
         type=float,
@@ -131,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         keys.stats(args.model, args.version),
         batching=config.max_batch_size > 0,
     )
+    loop.drain_limit_ns = int(args.drain_timeout_secs * 1e9)
     liveness = Liveness(
         store,
         args.model,

@@ -58,6 +58,7 @@ class Spawner:
         key_prefix: key prefix every child uses.
         log_verbose: Triton ``--log-verbose`` passed to children.
         extra_env: more environment variables for every child.
+        drain_timeout_s: how long a stopping instance keeps running queued requests, in s.
     """
 
     def __init__(
@@ -66,7 +67,9 @@ class Spawner:
         key_prefix: str,
         log_verbose: int = 0,
         extra_env: dict[str, str] | None = None,
+        drain_timeout_s: float = 5.0,
     ) -> None:
+        self.drain_timeout_s = drain_timeout_s
         self._env = dict(os.environ)
         self._env.update(extra_env or {})
         self._env["SLUICE_REDIS__URL"] = redis_url
@@ -99,6 +102,8 @@ class Spawner:
                 instance.config_key,
                 "--log-verbose",
                 str(self.log_verbose),
+                "--drain-timeout-secs",
+                str(self.drain_timeout_s),
             ]
         )
         instance.started_at = time.monotonic()

@@ -93,7 +93,15 @@ class Supervisor:
         env = dict(options.extra_env)
         if options.gateway_processes > 1:
             env["SLUICE_REUSE_PORT"] = "1"
-        self.spawner = Spawner(options.redis_url, options.key_prefix, options.log_verbose, env)
+        self.spawner = Spawner(
+            options.redis_url,
+            options.key_prefix,
+            options.log_verbose,
+            env,
+            # instances drain queued requests within the exit timeout, with time to spare
+            # for their last batch before they are killed
+            drain_timeout_s=max(0.5, options.exit_timeout_s - 2.0),
+        )
         self.manager = ModelManager(
             ManagerOptions(
                 repositories=options.repositories,
@@ -151,6 +159,8 @@ class Supervisor:
             "true" if o.strict_readiness else "false",
             "--request-timeout-secs",
             str(o.request_timeout_s),
+            "--exit-timeout-secs",
+            str(o.exit_timeout_s),
             *o.gateway_args,
         ]
 

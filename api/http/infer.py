@@ -222,7 +222,8 @@ class InferEndpoint:
                 self.dataplane, request_id, model, version, headers, receive
             )
             await _respond(send, 200, body, out)
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as exc:
+            # cancelled: uvicorn's graceful shutdown ran out; the client still gets a 503
             status, body = _failure(exc, model)
             await _respond(send, status, body, _JSON)
 

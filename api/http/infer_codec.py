@@ -316,7 +316,8 @@ def _json_data_to_wire(
     if target.kind == "f":
         if not types <= _NUMBER_TYPES:
             raise _unable("data", name, model, _NOT_NUMBER)
-        return np.array(flat, dtype=np.float64).astype(target).tobytes()
+        with np.errstate(over="ignore"):  # out of range is ±inf, as a C cast gives Triton
+            return np.array(flat, dtype=np.float64).astype(target).tobytes()
     if target.kind == "i":
         if not types <= _INT_TYPES:
             raise _unable("data", name, model, _NOT_INT)

@@ -144,6 +144,7 @@ def test_client_leaving_before_its_answer_harms_nobody(server, http_client) -> N
         b"POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
     )
+    log_before = len(server.log())
     for _ in range(3):
         with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
             sock.sendall(request)
@@ -153,4 +154,64 @@ def test_client_leaving_before_its_answer_harms_nobody(server, http_client) -> N
         (status, _, response), = _read_responses(sock, 1)
     assert status == b"HTTP/1.1 200 OK"
     assert _outputs(response) == [16.0]
-    assert "Traceback" not in server.log()
+    assert "Traceback" not in server.log()[log_before:]
+
+
+def test_upgrade_headers_are_ignored_as_triton_does(server) -> None:
+    """``curl --http2`` on plain HTTP sends ``Upgrade: h2c``; a WebSocket handshake asks
+    for ``websocket``. Neither is taken up: each request is answered over HTTP/1.1, its
+    body read whole, and the requests pipelined after it are answered too."""
+    upgrade = (
+        "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+        "HTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n"
+    )
+    websocket = (
+        "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+    )
+    requests = [
+        _json_request("nobatch", [1.0, 2.0], extra_headers=upgrade),
+        _json_request("nobatch", [3.0]),
+        f"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n{websocket}\r\n".encode(),
+        _json_request("nobatch", [4.0], extra_headers=websocket),
+    ]
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
+        sock.sendall(b"".join(requests))
+        responses = _read_responses(sock, len(requests))
+    assert [status for status, _, _ in responses] == [b"HTTP/1.1 200 OK"] * 4
+    assert _outputs(responses[0][2]) == [2.0, 4.0]
+    assert _outputs(responses[1][2]) == [6.0]
+    assert responses[2][2] == b""
+    assert _outputs(responses[3][2]) == [8.0]
+    # the body of an upgrade request split across writes is still read whole
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
+        request = _json_request("nobatch", [5.0], extra_headers=upgrade)
+        head_end = request.index(b"\r\n\r\n") + 4
+        sock.sendall(request[: head_end + 3])
+        time.sleep(0.2)
+        sock.sendall(request[head_end + 3 :])
+        (status, _, body), = _read_responses(sock, 1)
+    assert status == b"HTTP/1.1 200 OK"
+    assert _outputs(body) == [10.0]
+
+
+def test_an_endless_head_is_refused_with_431(server) -> None:
+    """A header that never ends is not buffered without bound: past 1 MiB of request line
+    and headers the gateway answers 431 and closes; the server goes on serving."""
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
+        sock.sendall(b"POST /v2/models/nobatch/infer HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        raw = b""
+        try:
+            for _ in range(40):
+                sock.sendall(b"a" * 65536)
+        except OSError:
+            pass  # closed by the server while sending
+        while chunk := sock.recv(65536):
+            raw += chunk
+    assert raw.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"), raw[:200]
+    assert b"exceed 1048576 bytes" in raw
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
+        sock.sendall(_json_request("nobatch", [1.0]))
+        (status, _, body), = _read_responses(sock, 1)
+    assert status == b"HTTP/1.1 200 OK"
+    assert _outputs(body) == [2.0]

@@ -399,3 +399,110 @@ def test_second_serve_on_the_same_key_prefix_is_refused(
         assert _add_sub_sum(third) == [2.0] * 16
     finally:
         stop_server(third)
+
+
+def _slow_repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "slow_repo"
+    shutil.copytree(Path(__file__).parents[1] / "assets/python_models/slow", repo / "slow")
+    return repo
+
+
+def _slow_call(server, sleep_ms: int, value: float, protocol: str) -> tuple[str, object]:
+    """One request to ``slow`` that sleeps ``sleep_ms``: ("ok", OUT) or ("error", text)."""
+    data = np.array([[value]], np.float32)
+    try:
+        if protocol == "grpc":
+            import tritonclient.grpc as grpcclient
+
+            client = grpcclient.InferenceServerClient(server.grpc_url)
+            tensor = grpcclient.InferInput("IN", [1, 1], "FP32")
+            tensor.set_data_from_numpy(data)
+            result = client.infer("slow", [tensor], parameters={"sleep_ms": sleep_ms}, timeout=60)
+        else:
+            client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+            tensor = httpclient.InferInput("IN", [1, 1], "FP32")
+            tensor.set_data_from_numpy(data)
+            result = client.infer("slow", [tensor], parameters={"sleep_ms": sleep_ms})
+        return "ok", float(result.as_numpy("OUT")[0, 0])
+    except InferenceServerException as exc:
+        return "error", f"{exc.status()} {exc.message()}"
+
+
+def _run_during_ctrl_c(server, calls: list[tuple[int, float, str]]) -> list[tuple[str, object]]:
+    """Start ``calls`` one after another (so they queue in that order), SIGINT the server
+    while the first runs, and return each call's outcome once the server exited."""
+    import signal
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = []
+        for sleep_ms, value, protocol in calls:
+            futures.append(pool.submit(_slow_call, server, sleep_ms, value, protocol))
+            time.sleep(0.3)
+        server.process.send_signal(signal.SIGINT)
+        server.process.wait(60)
+        return [f.result(timeout=60) for f in futures]
+
+
+def _queued(server, model: str) -> int:
+    import redis
+
+    from broker.keys import KeySchema
+
+    client = redis.Redis.from_url(server.redis_url)
+    try:
+        return int(client.xlen(KeySchema(server.key_prefix).queue(model, 1, 0)))
+    finally:
+        client.close()
+
+
+def test_ctrl_c_runs_what_is_queued_within_the_exit_timeout(redis_url, tmp_path) -> None:
+    """Triton finishes in-flight and queued requests before it exits, within
+    ``--exit-timeout-secs``: the request running at SIGINT and the two queued behind it
+    at the one instance (3.4 s of work) all succeed, over HTTP and gRPC."""
+    server = start_server(
+        _slow_repo(tmp_path), redis_url, tmp_path / "serve.log", "--exit-timeout-secs", "20"
+    )
+    try:
+        outcomes = _run_during_ctrl_c(
+            server, [(2000, 1.5, "http"), (700, 2.5, "grpc"), (700, 3.5, "http")]
+        )
+        assert outcomes == [("ok", 1.5), ("ok", 2.5), ("ok", 3.5)], server.log()
+        assert server.process.returncode == 0, server.log()
+        assert _queued(server, "slow") == 0
+        assert "Traceback" not in server.log()
+    finally:
+        stop_server(server)
+
+
+def test_what_outlives_the_exit_timeout_is_refused_and_never_run_later(
+    redis_url, tmp_path
+) -> None:
+    """With ``--exit-timeout-secs 2`` a 6 s request and the two queued behind it cannot
+    finish: each client gets 503 / UNAVAILABLE (no 500, no traceback), the requests are
+    taken off the queue, and a server started later on the same Redis runs none of them."""
+    repo = _slow_repo(tmp_path)
+    server = start_server(repo, redis_url, tmp_path / "serve.log", "--exit-timeout-secs", "2")
+    try:
+        outcomes = _run_during_ctrl_c(
+            server, [(6000, 1.0, "http"), (500, 2.0, "http"), (500, 3.0, "grpc")]
+        )
+        assert [kind for kind, _ in outcomes] == ["error"] * 3, outcomes
+        assert all(
+            text.startswith(("503 ", "StatusCode.UNAVAILABLE ")) for _, text in outcomes
+        ), outcomes
+        assert "Traceback" not in server.log()
+        assert _queued(server, "slow") == 0
+        later = start_server(
+            repo, redis_url, tmp_path / "later.log", key_prefix=server.key_prefix
+        )
+        try:
+            time.sleep(1.5)
+            stats = httpclient.InferenceServerClient(later.http_url).get_inference_statistics(
+                "slow"
+            )
+            assert stats["model_stats"][0]["inference_count"] == 0, stats
+        finally:
+            stop_server(later)
+    finally:
+        stop_server(server)
