@@ -9,17 +9,19 @@ from broker.errors import ErrorCode, SluiceError, invalid_arg
 
 
 def decompress(body: bytes, encoding: str | None, limit_bytes: int) -> bytes:
-    """Undo ``Content-Encoding: gzip|deflate``; ``identity``/absent pass through.
+    """Undo ``Content-Encoding: gzip|deflate`` (any case, RFC 9110 8.4.1);
+    ``identity``/absent pass through.
 
     Raises:
         SluiceError: UNSUPPORTED for other encodings, INVALID_ARG for a corrupt stream
             or one that inflates past ``limit_bytes``.
     """
-    if not encoding or encoding == "identity":
+    coding = (encoding or "").strip().lower()  # content codings are case-insensitive
+    if not coding or coding == "identity":
         return body
-    if encoding == "gzip":
+    if coding == "gzip":
         wbits = 16 + zlib.MAX_WBITS
-    elif encoding == "deflate":
+    elif coding == "deflate":
         wbits = zlib.MAX_WBITS
     else:
         raise SluiceError(ErrorCode.UNSUPPORTED, f"Unsupported compression type '{encoding}'")
