@@ -112,6 +112,9 @@ class InstanceLoop:
         self.stopping = threading.Event()
         #: longest graceful drain after :attr:`stopping` is set, in ns.
         self.drain_limit_ns = DRAIN_LIMIT_NS
+        #: when the stop was asked for (clock ns; 0: when the drain starts): the drain
+        #: limit counts from here, as the supervisor's exit timeout does
+        self.stop_requested_ns = 0
         #: output name -> class labels (Triton ``label_filename``), for classification.
         self.labels: dict[str, list[str]] = {}
         #: called between iterations (pending-entry recovery); returns deliveries to admit.
@@ -169,11 +172,13 @@ class InstanceLoop:
         instance keeps taking entries off its streams until they have been empty for
         :data:`DRAIN_QUIET_NS` (gateways refuse new requests once they are stopping;
         time spent executing does not count as quiet), for at most
-        :attr:`drain_limit_ns` (``sluice serve`` sets it from ``--exit-timeout-secs``).
+        :attr:`drain_limit_ns` from :attr:`stop_requested_ns` (``sluice serve`` sets it
+        from ``--exit-timeout-secs``).
         Entries left after that stay pending in Redis for another instance.
         """
         far = self._clock() + 10**15
-        start = quiet_since = self._clock()
+        start = self.stop_requested_ns or self._clock()
+        quiet_since = self._clock()
         while True:
             ran = False
             while (batch := self._batcher.take(far)) is not None:

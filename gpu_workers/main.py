@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from types import FrameType
 
@@ -150,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     loop.labels = labels
 
     def stop(signum: int, _frame: FrameType | None) -> None:
-        logger.info("signal %d: finishing the batch in hand", signum)
+        logger.info("signal %d: finishing the batch in hand, then what is queued", signum)
+        if not loop.stopping.is_set():
+            loop.stop_requested_ns = time.time_ns()
         loop.stopping.set()
 
     signal.signal(signal.SIGTERM, stop)

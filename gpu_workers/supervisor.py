@@ -98,9 +98,9 @@ class Supervisor:
             options.key_prefix,
             options.log_verbose,
             env,
-            # instances drain queued requests within the exit timeout, with time to spare
-            # for their last batch before they are killed
-            drain_timeout_s=max(0.5, options.exit_timeout_s - 2.0),
+            # instances drain queued requests within the exit timeout (counted from the
+            # signal), with a quarter of it, at most 1 s, to spare for their last batch
+            drain_timeout_s=options.exit_timeout_s - min(1.0, options.exit_timeout_s / 4),
         )
         self.manager = ModelManager(
             ManagerOptions(
