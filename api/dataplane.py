@@ -280,14 +280,14 @@ class DataPlane:
         )
 
     async def _control(self, command: ControlCommand) -> None:
-        future = self.router.expect(command.command_id)
+        deadline = time.time_ns() + int(self.settings.control_timeout_s * 1e9)
+        future = self.router.expect(command.command_id, deadline)
         try:
             await self._redis.xadd(self._keys.control(), {b"c": encode_command(command)})
         except BaseException:
-            self.router.forget(command.command_id)
+            future.cancel()  # its registration and timer go with it
             raise
-        deadline = time.time_ns() + int(self.settings.control_timeout_s * 1e9)
-        reply = await self.router.wait(command.command_id, future, deadline)
+        reply = await future
         self.registry.invalidate(command.model)
         if reply.error is not None:
             raise SluiceError(reply.error.code, reply.error.message, model=command.model)

@@ -66,20 +66,6 @@ class Producer:
         if not added:
             raise SluiceError(ErrorCode.UNAVAILABLE, QUEUE_FULL, model=model)
 
-    async def enqueue(
-        self, stream: str, message: InferRequestMessage, max_queue_size: int = 0
-    ) -> None:
-        """:meth:`submit` and wait until Redis has taken the request.
-
-        Raises:
-            SluiceError: UNAVAILABLE "Exceeds maximum queue size" when full, or when
-                Redis cannot be reached or does not answer.
-        """
-        try:
-            await self.submit(stream, message, max_queue_size)
-        except Exception as exc:
-            raise enqueue_error(exc, message.model) from exc
-
 
 def enqueue_error(exc: BaseException, model: str) -> BaseException:
     """What a failed :meth:`Producer.submit` means to the client: a ``SluiceError`` as is,

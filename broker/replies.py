@@ -66,23 +66,19 @@ class ReplyRouter:
         self._waiting.clear()
         await self._pool.disconnect()
 
-    def expect(
-        self, request_id: str, deadline_ns: int | None = None
-    ) -> asyncio.Future[InferResponseMessage]:
+    def expect(self, request_id: str, deadline_ns: int) -> asyncio.Future[InferResponseMessage]:
         """Register interest in ``request_id`` before the request is queued.
 
-        With ``deadline_ns`` (wall clock, ns) the future fails with UNAVAILABLE "Request
-        timeout expired" once it passes; however the future ends (answered, failed,
-        cancelled), the registration and the timer go with it.
+        The future fails with UNAVAILABLE "Request timeout expired" once the wall-clock
+        ``deadline_ns`` passes; however it ends (answered, failed, cancelled), the
+        registration and the timer go with it.
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[InferResponseMessage] = loop.create_future()
         self._waiting[request_id] = future
-        if deadline_ns is not None:
-            # a timer handle, not asyncio.wait_for: no wrapper task per request
-            timeout_s = max(0.0, (deadline_ns - time.time_ns()) / 1e9)
-            timer = loop.call_later(timeout_s, _expire, future)
-            future.add_done_callback(functools.partial(self._done, request_id, timer))
+        # a timer handle, not asyncio.wait_for: no wrapper task per request
+        timer = loop.call_later(max(0.0, (deadline_ns - time.time_ns()) / 1e9), _expire, future)
+        future.add_done_callback(functools.partial(self._done, request_id, timer))
         return future
 
     def _done(
@@ -94,27 +90,6 @@ class ReplyRouter:
         timer.cancel()
         if self._waiting.get(request_id) is future:
             del self._waiting[request_id]
-
-    def forget(self, request_id: str) -> None:
-        """Stop waiting for ``request_id`` (its reply, if it comes, is dropped)."""
-        self._waiting.pop(request_id, None)
-
-    async def wait(
-        self, request_id: str, future: asyncio.Future[InferResponseMessage], deadline_ns: int
-    ) -> InferResponseMessage:
-        """Wait for the response of ``request_id`` until the wall-clock ``deadline_ns``
-        (for a future :meth:`expect` got without a deadline).
-
-        Raises:
-            SluiceError: UNAVAILABLE "Request timeout expired" past the deadline.
-        """
-        timeout_s = max(0.0, (deadline_ns - time.time_ns()) / 1e9)
-        timer = asyncio.get_running_loop().call_later(timeout_s, _expire, future)
-        try:
-            return await future
-        finally:
-            timer.cancel()
-            self._waiting.pop(request_id, None)
 
     async def _read_forever(self) -> None:
         conn = self._pool.make_connection()

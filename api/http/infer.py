@@ -37,6 +37,16 @@ INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
 
 _HEADER_LENGTH = b"inference-header-content-length"
 
+#: the model and version (None: the model's policy picks) of an infer route.
+Route = tuple[str, int | None]
+
+
+def _route(path: str) -> Route | None:
+    match = INFER_PATH.match(path)
+    if match is None:
+        return None
+    return match.group(1), None if match.group(2) is None else int(match.group(2))
+
 
 async def _read_body(receive: Receive, headers: Mapping[bytes, bytes], limit: int) -> bytes:
     declared = headers.get(b"content-length")
@@ -206,7 +216,7 @@ class InferEndpoint:
         self.dataplane = dataplane
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or (match := INFER_PATH.match(scope["path"])) is None:
+        if scope["type"] != "http" or (route := _route(scope["path"])) is None:
             await self.app(scope, receive, send)
             return
         if scope["method"] != "POST":
@@ -214,7 +224,7 @@ class InferEndpoint:
                 send, 405, b'{"error":"Method Not Allowed"}', {"content-type": "application/json"}
             )
             return
-        model, version = match.group(1), None if match.group(2) is None else int(match.group(2))
+        model, version = route
         headers = dict(scope["headers"])
         request_id = self.dataplane.next_request_id()
         try:
@@ -229,29 +239,33 @@ class InferEndpoint:
 
     # -- the task-free path ------------------------------------------------------------------
 
-    def accepts(self, scope: Scope) -> bool:
-        """Whether a request can take the task-free path: ``POST`` to an infer route with a
-        ``Content-Length`` within the body limit (no chunked body, no ``Expect``)."""
-        if scope["method"] != "POST" or INFER_PATH.match(scope["path"]) is None:
-            return False
+    def accepts(self, scope: Scope) -> Route | None:
+        """The model and version of a request that can take the task-free path (``POST`` to
+        an infer route with a ``Content-Length`` within the body limit, no chunked body,
+        no ``Expect``); None for any other."""
+        if scope["method"] != "POST" or (route := _route(scope["path"])) is None:
+            return None
         length = None
         for name, value in scope["headers"]:
             if name == b"content-length":
                 length = value
             elif name in (b"transfer-encoding", b"expect"):
-                return False
-        return (
+                return None
+        if (
             length is not None
             and length.isdigit()
             and int(length) <= self.dataplane.settings.http.max_body_bytes
-        )
+        ):
+            return route
+        return None
 
-    def answer(self, cycle: Any, body: bytes, fallback: Callable[[], None]) -> bool:
+    def answer(self, cycle: Any, route: Route, body: bytes, fallback: Callable[[], None]) -> bool:
         """Queue a request whose body was read whole and answer it when its response comes,
         from callbacks: no task, no ASGI messages.
 
         Args:
             cycle: uvicorn's ``RequestResponseCycle`` of the request.
+            route: model and version, as :meth:`accepts` returned them.
             body: the request body.
             fallback: starts the ASGI call instead (when the model's view is not cached).
 
@@ -259,8 +273,7 @@ class InferEndpoint:
             False when it called ``fallback``.
         """
         scope = cycle.scope
-        match = INFER_PATH.match(scope["path"])
-        model, version = match.group(1), None if match.group(2) is None else int(match.group(2))
+        model, version = route
         dp = self.dataplane
         try:
             cached = dp.cached_view(model, version)

@@ -141,9 +141,10 @@ class HttpProtocol(CoalescingHttpToolsProtocol):
         if (
             isinstance(app, InferEndpoint)
             and not cycle.access_log
-            and app.accepts(cycle.scope)
+            and (route := app.accepts(cycle.scope)) is not None
         ):
             cycle.fast_app = app
+            cycle.fast_route = route
             if not cycle.more_body:
                 self._answer(cycle)
             return
@@ -174,7 +175,10 @@ class HttpProtocol(CoalescingHttpToolsProtocol):
         cycle.fast_app = None
         # on fallback the ASGI call reads the body from the cycle as usual
         if app.answer(
-            cycle, bytes(cycle.body), functools.partial(super()._start_asgi_task, cycle, app)
+            cycle,
+            cycle.fast_route,
+            bytes(cycle.body),
+            functools.partial(super()._start_asgi_task, cycle, app),
         ):
             cycle.body = bytearray()
 

@@ -11,6 +11,7 @@ import importlib.util
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -369,3 +370,31 @@ def build_slow_variants(repo: Path) -> None:
             config = config.replace("max_batch_size: 8", "max_batch_size: 1")
         config += f"dynamic_batching {{ {batching} }}\n"
         (repo / name / "config.pbtxt").write_text(config)
+
+
+def read_http_responses(
+    sock: socket.socket, count: int
+) -> list[tuple[bytes, dict[str, str], bytes]]:
+    """Read ``count`` Content-Length framed HTTP responses off ``sock``:
+    (status line, lower-cased headers, body) each."""
+    raw = b""
+    responses: list[tuple[bytes, dict[str, str], bytes]] = []
+    while len(responses) < count:
+        while b"\r\n\r\n" not in raw:
+            chunk = sock.recv(65536)
+            assert chunk, f"connection closed after {len(responses)} responses"
+            raw += chunk
+        head, raw = raw.split(b"\r\n\r\n", 1)
+        status, *lines = head.split(b"\r\n")
+        headers = {}
+        for line in lines:
+            key, value = line.decode().split(":", 1)
+            headers[key.strip().lower()] = value.strip()
+        length = int(headers["content-length"])
+        while len(raw) < length:
+            chunk = sock.recv(65536)
+            assert chunk, "connection closed inside a body"
+            raw += chunk
+        responses.append((status, headers, raw[:length]))
+        raw = raw[length:]
+    return responses

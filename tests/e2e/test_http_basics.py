@@ -7,6 +7,7 @@ import socket
 
 import pytest
 import requests
+from e2e_support import read_http_responses
 
 pytestmark = pytest.mark.e2e
 
@@ -160,29 +161,13 @@ def test_half_closed_client_gets_its_answers(server) -> None:
     with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
         sock.sendall(_infer_bytes(1.5, 200) + _infer_bytes(2.5, 0))
         sock.shutdown(socket.SHUT_WR)  # EOF reaches the server while the first one sleeps
-        raw = _read_until_eof(sock)
-    responses = _split_responses(raw)
+        responses = read_http_responses(sock, 2)
+        assert _read_until_eof(sock) == b""  # then the server closes
     assert [(status, headers.get("connection")) for status, headers, _ in responses] == [
         (b"HTTP/1.1 200 OK", None),
         (b"HTTP/1.1 200 OK", "close"),
     ]
     assert [json.loads(body)["outputs"][0]["data"] for _, _, body in responses] == [[1.5], [2.5]]
-
-
-def _split_responses(raw: bytes) -> list[tuple[bytes, dict[str, str], bytes]]:
-    """HTTP/1.1 responses with Content-Length, back to back -> (status line, headers, body)."""
-    responses = []
-    while raw:
-        head, raw = raw.split(b"\r\n\r\n", 1)
-        status, *lines = head.split(b"\r\n")
-        headers = {}
-        for line in lines:
-            key, value = line.decode().split(":", 1)
-            headers[key.strip().lower()] = value.strip()
-        length = int(headers["content-length"])
-        responses.append((status, headers, raw[:length]))
-        raw = raw[length:]
-    return responses
 
 
 def test_half_close_mid_body_closes_without_an_answer(server) -> None:

@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import pytest
+from e2e_support import read_http_responses
 
 pytestmark = pytest.mark.e2e
 
@@ -28,31 +29,6 @@ def _json_request(model: str, values: list[float], extra_headers: str = "") -> b
         f"Content-Type: application/json\r\n{extra_headers}"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode() + body
-
-
-def _read_responses(sock: socket.socket, count: int) -> list[tuple[bytes, dict[str, str], bytes]]:
-    """Read ``count`` Content-Length framed responses off ``sock``."""
-    raw = b""
-    responses: list[tuple[bytes, dict[str, str], bytes]] = []
-    while len(responses) < count:
-        while b"\r\n\r\n" not in raw:
-            chunk = sock.recv(65536)
-            assert chunk, f"connection closed after {len(responses)} responses"
-            raw += chunk
-        head, raw = raw.split(b"\r\n\r\n", 1)
-        status, *lines = head.split(b"\r\n")
-        headers = {}
-        for line in lines:
-            key, value = line.decode().split(":", 1)
-            headers[key.strip().lower()] = value.strip()
-        length = int(headers["content-length"])
-        while len(raw) < length:
-            chunk = sock.recv(65536)
-            assert chunk, "connection closed inside a body"
-            raw += chunk
-        responses.append((status, headers, raw[:length]))
-        raw = raw[length:]
-    return responses
 
 
 def _outputs(body: bytes) -> list[float]:
@@ -82,7 +58,7 @@ def test_pipelined_requests_answered_in_order_with_an_error_between(server) -> N
     ]
     with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
         sock.sendall(b"".join(requests))
-        responses = _read_responses(sock, len(requests))
+        responses = read_http_responses(sock, len(requests))
     assert [status for status, _, _ in responses] == [
         b"HTTP/1.1 200 OK",
         b"HTTP/1.1 200 OK",
@@ -113,7 +89,7 @@ def test_chunked_body_takes_the_asgi_call(server) -> None:
     )
     with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
         sock.sendall(request + _json_request("nobatch", [1.0]))
-        responses = _read_responses(sock, 2)
+        responses = read_http_responses(sock, 2)
     assert [status for status, _, _ in responses] == [b"HTTP/1.1 200 OK"] * 2
     assert _outputs(responses[0][2]) == [8.0, 1.0]
     assert _outputs(responses[1][2]) == [2.0]
@@ -126,7 +102,7 @@ def test_connection_close_and_http_1_0_end_the_connection(server) -> None:
     ):
         with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
             sock.sendall(request)
-            (status, headers, body), = _read_responses(sock, 1)
+            (status, headers, body), = read_http_responses(sock, 1)
             assert sock.recv(1) == b""  # closed after the answer
         assert status.endswith(b"200 OK")
         assert headers["connection"] == "close"
@@ -151,7 +127,7 @@ def test_client_leaving_before_its_answer_harms_nobody(server, http_client) -> N
     time.sleep(1.2)  # the three answers come back to closed connections
     with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
         sock.sendall(_json_request("nobatch", [8.0]))
-        (status, _, response), = _read_responses(sock, 1)
+        (status, _, response), = read_http_responses(sock, 1)
     assert status == b"HTTP/1.1 200 OK"
     assert _outputs(response) == [16.0]
     assert "Traceback" not in server.log()[log_before:]
@@ -177,7 +153,7 @@ def test_upgrade_headers_are_ignored_as_triton_does(server) -> None:
     ]
     with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
         sock.sendall(b"".join(requests))
-        responses = _read_responses(sock, len(requests))
+        responses = read_http_responses(sock, len(requests))
     assert [status for status, _, _ in responses] == [b"HTTP/1.1 200 OK"] * 4
     assert _outputs(responses[0][2]) == [2.0, 4.0]
     assert _outputs(responses[1][2]) == [6.0]
@@ -190,7 +166,7 @@ def test_upgrade_headers_are_ignored_as_triton_does(server) -> None:
         sock.sendall(request[: head_end + 3])
         time.sleep(0.2)
         sock.sendall(request[head_end + 3 :])
-        (status, _, body), = _read_responses(sock, 1)
+        (status, _, body), = read_http_responses(sock, 1)
     assert status == b"HTTP/1.1 200 OK"
     assert _outputs(body) == [10.0]
 
@@ -212,6 +188,6 @@ def test_an_endless_head_is_refused_with_431(server) -> None:
     assert b"exceed 1048576 bytes" in raw
     with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
         sock.sendall(_json_request("nobatch", [1.0]))
-        (status, _, body), = _read_responses(sock, 1)
+        (status, _, body), = read_http_responses(sock, 1)
     assert status == b"HTTP/1.1 200 OK"
     assert _outputs(body) == [2.0]
