@@ -7,7 +7,9 @@ Triton's default scheduler). Time is wall-clock ns (``time.time_ns``) because
 arrival times are stamped by the gateway, another process.
 
 A request whose queue timeout passed (REJECT) or whose deadline passed is
-answered with UNAVAILABLE "Request timeout expired" and not executed.
+answered with UNAVAILABLE "Request timeout expired" and not executed; one whose
+deadline passed while it executed gets the same answer and counts as a failure
+(reason REJECTED), as its client was already told so by the gateway.
 """
 
 from __future__ import annotations
@@ -321,7 +323,7 @@ class InstanceLoop:
         results = self._run_backend(runnable)
         infer_done = self._clock()
         answers: list[InferResponseMessage] = []
-        successes: list[_Held] = []
+        successes: list[tuple[int, _Held]] = []
         failures: list[tuple[_Held, str]] = []
         result_iter = iter(results)
         for index, item in enumerate(held):
@@ -333,7 +335,7 @@ class InstanceLoop:
             answer = self._answer(item.delivery.message, next(result_iter))
             answers.append(answer)
             if answer.error is None:
-                successes.append(item)
+                successes.append((index, item))
             else:
                 # Triton: an error the model (backend) returned counts as reason BACKEND.
                 failures.append((item, "BACKEND"))
@@ -346,6 +348,16 @@ class InstanceLoop:
                     answer.error.message,
                 )
         done = self._clock()
+        # The gateway answered "Request timeout expired" at the deadline: a request that
+        # finished after it is answered and counted the same way, not as a success.
+        late = [(i, h) for i, h in successes if h.delivery.message.deadline_ns <= done]
+        for index, item in late:
+            answers[index] = self._error(
+                item.delivery.message.request_id, "UNAVAILABLE", "Request timeout expired"
+            )
+            failures.append((item, "REJECTED"))
+        if late:
+            successes = [(i, h) for i, h in successes if h.delivery.message.deadline_ns > done]
         times = ExecutionTimes(input_done - start, infer_done - input_done, done - infer_done)
         executed_size = sum(max(1, h.batch_size) for h in held) - sum(
             max(1, held[i].batch_size) for i in decode_errors
@@ -355,10 +367,10 @@ class InstanceLoop:
         if runnable:
             delta.execution(executed_size, times)
         if successes:
-            enqueued = [item.delivery.message.enqueued_ns for item in successes]
+            enqueued = [item.delivery.message.enqueued_ns for _, item in successes]
             delta.successes(
                 count=len(successes),
-                inferences=sum(max(1, item.batch_size) for item in successes),
+                inferences=sum(max(1, item.batch_size) for _, item in successes),
                 request_ns=sum(max(0, done - t) for t in enqueued),
                 queue_ns=sum(max(0, start - t) for t in enqueued),
                 times=times,

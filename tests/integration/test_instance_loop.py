@@ -1,4 +1,5 @@
-"""InstanceLoop against a real Redis stream: what a delay window's batch holds."""
+"""InstanceLoop against a real Redis stream: what a delay window's batch holds, and how a
+request whose deadline passes while it executes is answered and counted."""
 
 from __future__ import annotations
 
@@ -60,7 +61,9 @@ class _LateArrival:
         return getattr(self._consumer, name)
 
 
-def _request(n: int, enqueued_ns: int, reply_to: str) -> InferRequestMessage:
+def _request(
+    n: int, enqueued_ns: int, reply_to: str, deadline_ns: int | None = None
+) -> InferRequestMessage:
     return InferRequestMessage(
         request_id=f"r{n}",
         client_id="",
@@ -70,7 +73,7 @@ def _request(n: int, enqueued_ns: int, reply_to: str) -> InferRequestMessage:
         outputs=(),
         parameters={},
         reply_to=reply_to,
-        deadline_ns=enqueued_ns + 10**10,
+        deadline_ns=enqueued_ns + 10**10 if deadline_ns is None else deadline_ns,
         enqueued_ns=enqueued_ns,
     )
 
@@ -119,4 +122,74 @@ def test_a_request_queued_while_the_window_closes_joins_the_batch(
     finally:
         real.close()
         client.delete(stream, reply, f"{key_prefix}{{m}}:stats:1")
+        client.close()
+
+
+class _Slow(_Recorder):
+    """A backend during whose execution the (test) clock moves on to ``until``."""
+
+    def __init__(self, now: list[int], until: int) -> None:
+        super().__init__()
+        self._now = now
+        self._until = until
+
+    def execute(self, requests: Sequence[InferRequest]) -> list[InferResponse]:
+        self._now[0] = self._until
+        return super().execute(requests)
+
+
+def test_a_request_whose_deadline_passes_during_execution_is_a_timeout_not_a_success(
+    redis_url: str, key_prefix: str
+) -> None:
+    """The gateway answered "Request timeout expired" when the deadline passed; the
+    instance answers and counts it the same way (a failure, reason REJECTED) instead of
+    counting a success nobody received. Its batch mate, still in time, succeeds."""
+    client = redis.Redis.from_url(redis_url, protocol=2, socket_timeout=5)
+    config = text_format.Parse(CONFIG, ModelConfig())
+    layout = StreamLayout(KeySchema(key_prefix), "m", 1, scheduling_policy(config))
+    stream, reply = layout.stream(0), f"{key_prefix}reply:g"
+    stats_key = f"{key_prefix}{{m}}:stats:1"
+    start = time.time_ns()
+    now = [start]
+    consumer = StreamConsumer(client, layout.streams(), "instance-0")
+    consumer.ensure_groups()
+    backend = _Slow(now, until=start + WINDOW_NS + 10_000_000)
+    loop = InstanceLoop(
+        consumer,
+        backend,  # type: ignore[arg-type]
+        layout,
+        ShapeKeys(config),
+        output_datatypes(config),
+        stats_key,
+        batching=True,
+        clock=lambda: now[0],
+    )
+    try:
+        late = _request(1, start, reply, deadline_ns=start + WINDOW_NS + 5_000_000)
+        for message in (late, _request(2, start, reply)):
+            client.xadd(stream, {PAYLOAD_FIELD: encode_request(message)})
+        loop.step()  # reads both: the window opens
+        now[0] = start + WINDOW_NS + 1  # window over, r1's deadline still ahead
+        loop.step()  # executes both; the clock passes r1's deadline meanwhile
+        consumer.flush()
+        assert backend.batches == [["r1", "r2"]]
+        answers = {a.request_id: a for a in map(decode_response, client.lrange(reply, 0, -1))}
+        assert answers["r1"].error is not None
+        assert (answers["r1"].error.code, answers["r1"].error.message) == (
+            "UNAVAILABLE",
+            "Request timeout expired",
+        )
+        assert (
+            answers["r2"].error is None and answers["r2"].outputs[0].data == np.int32(2).tobytes()
+        )
+        stats = {k.decode(): int(v) for k, v in client.hgetall(stats_key).items()}
+        assert stats["success_count"] == 1
+        assert stats["inference_count"] == 1
+        assert stats["fail_count"] == 1
+        assert stats["fail_reason:REJECTED"] == 1
+        assert stats["execution_count"] == 1
+        assert stats["batch:2:count"] == 1
+    finally:
+        consumer.close()
+        client.delete(stream, reply, stats_key)
         client.close()
