@@ -1,5 +1,5 @@
-"""Triton's gRPC, metrics, logging and endpoint-access flags, declared once for
-``sluice serve`` and ``gateway``.
+"""Triton's gRPC, metrics, logging and endpoint-access flags (and Sluice's HTTP read
+timeout), declared once for ``sluice serve`` and ``gateway``.
 
 ``sluice serve`` forwards the flags it was given to the gateway process verbatim
 (:func:`forward_frontend_arguments`); ``sluice gateway`` folds them into its
@@ -37,7 +37,7 @@ class _Flag:
     field: str | None  # settings field of ``section``; None = accepted and ignored
     type: Any
     help: str
-    section: str = "grpc"  # "grpc", "metrics" or "" (a GatewaySettings field)
+    section: str = "grpc"  # "grpc", "http", "metrics" or "" (a GatewaySettings field)
 
 
 def _log_format(text: str) -> str:
@@ -111,6 +111,15 @@ _GRPC_FLAGS = (
     ),
     _Flag("--grpc-infer-allocation-pool-size", None, int, "accepted and ignored"),
 )
+_HTTP_FLAGS = (
+    _Flag(
+        "--http-read-timeout-secs",
+        "read_timeout_s",
+        float,
+        "longest wait for the rest of a begun request, or a connection's first bytes, s (60)",
+        "http",
+    ),
+)
 _RESTRICT_FLAGS = (
     ("--http-restricted-api", "http", "<api-group>[,...]:<header>=<value> (repeatable)"),
     ("--grpc-restricted-protocol", "grpc", "<api-group>[,...]:<header>=<value> (repeatable)"),
@@ -132,8 +141,9 @@ def _metrics_config(text: str) -> tuple[str, bool]:
 
 
 def add_frontend_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add every gRPC, metrics, logging and restricted-API flag (default None = "not given")."""
-    for spec in (*_GRPC_FLAGS, *_METRICS_FLAGS, *_LOG_FLAGS):
+    """Add every gRPC, HTTP, metrics, logging and restricted-API flag (default None = "not
+    given")."""
+    for spec in (*_GRPC_FLAGS, *_HTTP_FLAGS, *_METRICS_FLAGS, *_LOG_FLAGS):
         parser.add_argument(spec.flag, type=spec.type, default=None, help=spec.help)
     parser.add_argument(
         "--metrics-config",
@@ -150,7 +160,7 @@ def add_frontend_arguments(parser: argparse.ArgumentParser) -> None:
 def forward_frontend_arguments(args: argparse.Namespace) -> list[str]:
     """The given flags as argv, to pass from ``sluice serve`` to the gateway process."""
     argv: list[str] = []
-    for spec in (*_GRPC_FLAGS, *_METRICS_FLAGS, *_LOG_FLAGS):
+    for spec in (*_GRPC_FLAGS, *_HTTP_FLAGS, *_METRICS_FLAGS, *_LOG_FLAGS):
         value = getattr(args, _dest(spec.flag))
         if value is not None:
             text = ("true" if value else "false") if isinstance(value, bool) else str(value)
@@ -172,16 +182,16 @@ def apply_frontend_arguments(
         pydantic.ValidationError: a value out of range, naming the field.
     """
     grpc = settings.grpc.model_dump()
+    http = settings.http.model_dump()
     metrics = settings.metrics.model_dump()
     top: dict[str, object] = {}
-    sections = {"grpc": grpc, "metrics": metrics, "": top}
-    for spec in (*_GRPC_FLAGS, *_METRICS_FLAGS, *_LOG_FLAGS):
+    sections = {"grpc": grpc, "http": http, "metrics": metrics, "": top}
+    for spec in (*_GRPC_FLAGS, *_HTTP_FLAGS, *_METRICS_FLAGS, *_LOG_FLAGS):
         value = getattr(args, _dest(spec.flag), None)
         if value is not None and spec.field is not None:
             sections[spec.section][spec.field] = value
     for key, enabled in getattr(args, "metrics_config", None) or ():
         metrics[METRICS_CONFIG_KEYS[key]] = enabled
-    http = settings.http.model_dump()
     for flag, section, _ in _RESTRICT_FLAGS:
         values = getattr(args, _dest(flag), None)
         if values:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import sys
@@ -162,7 +163,7 @@ async def serve_gateway(settings: GatewaySettings) -> None:
         host=settings.http.address,
         port=settings.http.port,
         loop="none",
-        http=HttpProtocol,
+        http=functools.partial(HttpProtocol, read_timeout_s=settings.http.read_timeout_s),
         lifespan="off",
         access_log=settings.log_verbose > 0,
         proxy_headers=False,

@@ -26,6 +26,10 @@ class HttpSettings(BaseModel):
     """Triton ``--http-port``."""
     max_body_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
     """Largest accepted request body, in bytes; a larger one is refused with 400."""
+    read_timeout_s: float = Field(default=60.0, gt=0)
+    """Sluice ``--http-read-timeout-secs``: longest wait for the next bytes of a request
+    whose head or body has begun (then 408 and close), or for a new connection's first
+    bytes (then close), in s."""
     restricted_apis: list[str] = Field(default_factory=list)
     """Triton ``--http-restricted-api``: ``<api-group>[,<api-group>…]:<header>=<value>`` each."""
 

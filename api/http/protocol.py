@@ -19,9 +19,13 @@ how soon a batch's answers go out and the next batch's requests come in.
 Everything else, and requests for a model whose view is not cached yet, stay
 ASGI calls.
 
-Two limits uvicorn's protocol lacks: a request whose head (request line and headers)
+Three limits uvicorn's protocol lacks: a request whose head (request line and headers)
 passes :data:`MAX_HEAD_BYTES` is answered 431 and the connection closed, instead of
-being buffered without end; and an ``Upgrade`` header (``curl --http2`` sends ``Upgrade:
+being buffered without end; a request whose head or body stops arriving for the read
+timeout (``--http-read-timeout-secs``, :data:`READ_TIMEOUT_S`) is answered 408 and the
+connection closed, as is a connection that sends nothing at all for that long, instead
+of being held open without end (a slow client holding many connections); and an
+``Upgrade`` header (``curl --http2`` sends ``Upgrade:
 h2c`` on plain HTTP) is ignored, as Triton ignores it: the request is answered over
 HTTP/1.1 and the connection goes on (llhttp stops parsing at an upgrade, so the body
 of such a request is collected here and the parser restarted after it).
@@ -29,6 +33,7 @@ of such a request is collected here and the parser restarted after it).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from typing import Any
 
@@ -41,6 +46,8 @@ from api.http.infer import InferEndpoint
 MAX_HEAD_BYTES = 1 << 20
 #: longest a refused connection is kept open to drain what the client still sends, in s.
 LINGER_S = 5.0
+#: default longest wait for the next bytes of a begun request (or a connection's first), in s.
+READ_TIMEOUT_S = 60.0
 
 _TOO_LARGE = b'{"error":"request line and headers exceed 1048576 bytes"}'
 
@@ -50,16 +57,53 @@ __all__ = ["HttpProtocol"]
 class HttpProtocol(CoalescingHttpToolsProtocol):
     """uvicorn's httptools protocol with coalesced writes and half-close support.
 
-    Passed to ``uvicorn.Config(http=...)``.
+    Passed to ``uvicorn.Config(http=...)``, as ``functools.partial(HttpProtocol,
+    read_timeout_s=...)`` for a read timeout other than :data:`READ_TIMEOUT_S`.
+
+    Args:
+        read_timeout_s: longest wait, in s, for the next bytes of a request whose head
+            or body has begun (then 408 and close), or for a new connection's first
+            bytes (then close). Idle keep-alive connections between requests follow
+            uvicorn's ``timeout_keep_alive`` instead.
     """
 
     _head_bytes = -1  # bytes of the head read so far; -1 between heads
     _upgrade_body_left = 0  # body bytes of an ignored-upgrade request still to collect
     _upgrade_pending = False  # an ignored-upgrade request waits for its body
-    _discarding = False  # refused (431): what the client still sends is dropped
+    _discarding = False  # refused (431, 408): what the client still sends is dropped
+    _read_timer: asyncio.TimerHandle | None = None  # armed while a request is incomplete
+    _last_read = 0.0  # loop time of the last bytes of an incomplete request
+    _silent = True  # no bytes received on this connection yet
+
+    def __init__(self, *args: Any, read_timeout_s: float = READ_TIMEOUT_S, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._read_timeout_s = read_timeout_s
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._last_read = self.loop.time()
+        self._read_timer = self.loop.call_later(self._read_timeout_s, self._read_deadline)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+            self._read_timer = None
+        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        """Feed the parser; enforce :data:`MAX_HEAD_BYTES`; carry on past an ``Upgrade``."""
+        """Feed the parser; enforce :data:`MAX_HEAD_BYTES` and the read timeout; carry on
+        past an ``Upgrade``."""
+        if self._discarding or self.transport.is_closing():
+            return
+        self._silent = False
+        self._feed(data)
+        if self._read_timer is None and self._incomplete():
+            self._last_read = self.loop.time()
+            self._read_timer = self.loop.call_later(self._read_timeout_s, self._read_deadline)
+        elif self._read_timer is not None:
+            self._last_read = self.loop.time()
+
+    def _feed(self, data: bytes) -> None:
         if self._discarding or self.transport.is_closing():
             return
         if self._upgrade_body_left:
@@ -69,7 +113,7 @@ class HttpProtocol(CoalescingHttpToolsProtocol):
         if self._head_bytes >= 0:
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES:
-                self._refuse_head()
+                self._refuse(b"431 Request Header Fields Too Large", _TOO_LARGE)
                 return
         self._unset_keepalive_if_required()
         try:
@@ -84,7 +128,48 @@ class HttpProtocol(CoalescingHttpToolsProtocol):
             if self._upgrade_pending:
                 rest = self._collect_upgrade_body(rest)
             if rest:
-                self.data_received(rest)
+                self._feed(rest)
+
+    def _incomplete(self) -> bool:
+        """A request has begun and is not read whole (head, body or ignored-upgrade body)."""
+        cycle = self.cycle
+        return (
+            self._head_bytes >= 0
+            or self._upgrade_body_left > 0
+            or (cycle is not None and cycle.more_body and not cycle.response_complete)
+        )
+
+    def _read_deadline(self) -> None:
+        """Timer: answer 408 and close when the client sent nothing for the read timeout
+        in the middle of a request; close a connection that never sent a byte."""
+        self._read_timer = None
+        if self._discarding or self.transport.is_closing():
+            return
+        if not self._silent and not self._incomplete():
+            return  # the request was read whole; the next one arms the timer again
+        now = self.loop.time()
+        if self.flow.read_paused:
+            self._last_read = now  # the server stopped reading (flow control), not the client
+        left = self._last_read + self._read_timeout_s - now
+        if left > 0:
+            self._read_timer = self.loop.call_later(left, self._read_deadline)
+            return
+        if self._silent:
+            self.transport.close()
+            return
+        cycle = self.cycle
+        if cycle is not None and cycle.response_started:
+            self.transport.close()  # an answer is under way: a 408 cannot follow it
+            return
+        if cycle is not None:
+            cycle.disconnected = True  # an ASGI call waiting for the body gets a disconnect
+            cycle.message_event.set()
+        seconds = f"{self._read_timeout_s:g}"
+        self.logger.info("HTTP request not received whole within %s s: 408", seconds)
+        self._refuse(
+            b"408 Request Timeout",
+            b'{"error":"request not received whole: no bytes for %s s"}' % seconds.encode(),
+        )
 
     def _collect_upgrade_body(self, data: bytes) -> bytes:
         """Give the waiting ignored-upgrade request its body; returns what follows it."""
@@ -97,16 +182,16 @@ class HttpProtocol(CoalescingHttpToolsProtocol):
             self.on_message_complete()
         return data[len(take) :]
 
-    def _refuse_head(self) -> None:
-        """431, then a lingering close: send the answer and FIN, discard what the client
-        still sends (closing with unread data would reset the connection and lose the
-        answer), close after :data:`LINGER_S` at most."""
+    def _refuse(self, status: bytes, body: bytes) -> None:
+        """Answer ``status`` with the JSON ``body``, then a lingering close: send the
+        answer and FIN, discard what the client still sends (closing with unread data
+        would reset the connection and lose the answer), close after :data:`LINGER_S`."""
         self._head_bytes = -1
+        self._upgrade_body_left = 0
         self._discarding = True
         answer = (
-            b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-            b"content-type: application/json\r\n"
-            b"content-length: %d\r\nconnection: close\r\n\r\n" % len(_TOO_LARGE) + _TOO_LARGE
+            b"HTTP/1.1 %s\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n" % (status, len(body)) + body
         )
         transport: Any = self.transport
         if isinstance(transport, CoalescingTransport):

@@ -4,7 +4,8 @@ Infer requests with a ``Content-Length`` are queued and answered from callbacks,
 without an ASGI task; chunked bodies, ``Expect`` and models whose view is not cached
 take the ASGI call. Both must answer alike: bodies beyond uvicorn's read buffer,
 pipelined requests in order, errors in the middle of a pipeline, ``Connection:
-close`` and HTTP/1.0, and clients that leave before their answer.
+close`` and HTTP/1.0, and clients that leave before their answer. The protocol's
+limits: an endless head (431) and a request that stops arriving (408, read timeout).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 
 import numpy as np
 import pytest
-from e2e_support import read_http_responses
+from e2e_support import build_nobatch, read_http_responses, start_server, stop_server
 
 pytestmark = pytest.mark.e2e
 
@@ -191,3 +192,65 @@ def test_an_endless_head_is_refused_with_431(server) -> None:
         (status, _, body), = read_http_responses(sock, 1)
     assert status == b"HTTP/1.1 200 OK"
     assert _outputs(body) == [2.0]
+
+
+@pytest.fixture(scope="module")
+def impatient_server(redis_url, tmp_path_factory):
+    """A server with a 1 s HTTP read timeout (``--http-read-timeout-secs 1``)."""
+    repo = tmp_path_factory.mktemp("read-timeout-models")
+    build_nobatch(repo)
+    log = tmp_path_factory.mktemp("read-timeout-logs") / "serve.log"
+    srv = start_server(repo, redis_url, log, "--http-read-timeout-secs", "1")
+    yield srv
+    assert stop_server(srv) == 0, srv.log()
+
+
+def _read_until_closed(sock: socket.socket) -> tuple[bytes, float]:
+    """Everything the server sends until it closes, and how long that took, in s."""
+    start, raw = time.monotonic(), b""
+    while chunk := sock.recv(65536):
+        raw += chunk
+    return raw, time.monotonic() - start
+
+
+@pytest.mark.parametrize("cut", ["head", "body"])
+def test_a_request_that_stops_arriving_gets_408(impatient_server, cut: str) -> None:
+    """Every wait has a deadline: a client that sends part of a request's head or body
+    and then nothing is answered 408 after the read timeout, and the connection closed
+    (it was held open without end)."""
+    request = _json_request("nobatch", [1.0, 2.0])
+    part = request[:30] if cut == "head" else request[:-5]
+    with socket.create_connection(("127.0.0.1", impatient_server.http_port), timeout=10) as sock:
+        sock.sendall(part)
+        raw, waited = _read_until_closed(sock)
+    assert raw.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), raw[:200]
+    assert b"connection: close" in raw
+    assert json.loads(raw.split(b"\r\n\r\n", 1)[1]) == {
+        "error": "request not received whole: no bytes for 1 s"
+    }
+    assert 0.9 <= waited < 5
+
+
+def test_a_connection_that_sends_nothing_is_closed(impatient_server) -> None:
+    with socket.create_connection(("127.0.0.1", impatient_server.http_port), timeout=10) as sock:
+        raw, waited = _read_until_closed(sock)
+    assert raw == b""
+    assert 0.9 <= waited < 5
+
+
+def test_a_slow_request_that_keeps_arriving_is_answered(impatient_server) -> None:
+    """The read timeout bounds each pause, not the whole request: a body sent in pieces
+    0.4 s apart over 2 s is answered, and keep-alive goes on after it."""
+    request = _json_request("nobatch", [1.0, 2.0])
+    with socket.create_connection(("127.0.0.1", impatient_server.http_port), timeout=10) as sock:
+        step = len(request) // 5 + 1
+        for offset in range(0, len(request), step):
+            sock.sendall(request[offset : offset + step])
+            time.sleep(0.4)
+        (status, _, body), = read_http_responses(sock, 1)
+        assert status == b"HTTP/1.1 200 OK"
+        assert _outputs(body) == [2.0, 4.0]
+        sock.sendall(_json_request("nobatch", [3.0]))
+        (status, _, body), = read_http_responses(sock, 1)
+    assert status == b"HTTP/1.1 200 OK"
+    assert _outputs(body) == [6.0]
