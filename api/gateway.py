@@ -102,6 +102,21 @@ def check_access_specs(settings: GatewaySettings) -> None:
     AccessPolicy(settings.grpc.restricted_protocols)
 
 
+def _route_uvicorn_logs(verbose: int) -> None:
+    """Send uvicorn's lines through the one handler of ``broker.logs`` (Triton's format,
+    ``--log-file``) rather than uvicorn's own stdout/stderr handlers; one access line per
+    HTTP request from ``--log-verbose 1`` (Triton logs each HTTP request at verbose 1).
+
+    Call after the ``uvicorn.Config`` objects are built (each one sets the levels of the
+    shared ``uvicorn.*`` loggers, and one with ``access_log=False`` cuts the access
+    logger off).
+    """
+    access = logging.getLogger("uvicorn.access")
+    access.handlers = []
+    access.propagate = verbose > 0
+    access.setLevel(logging.INFO)
+
+
 class _Server(uvicorn.Server):
     """uvicorn without its own signal handling: the gateway stops every front end at once."""
 
@@ -145,6 +160,7 @@ async def serve_gateway(settings: GatewaySettings) -> None:
                 http="httptools",
                 lifespan="off",
                 access_log=False,
+                log_config=None,  # through Sluice's handler (_route_uvicorn_logs)
                 log_level="warning",
                 timeout_graceful_shutdown=2,
                 server_header=False,
@@ -167,12 +183,14 @@ async def serve_gateway(settings: GatewaySettings) -> None:
         lifespan="off",
         access_log=settings.log_verbose > 0,
         proxy_headers=False,
+        log_config=None,
         # uvicorn warns of each malformed request: client-caused, so only from level 1 on
         log_level={0: "error", 1: "warning"}.get(settings.log_verbose, "debug"),
         timeout_graceful_shutdown=max(1, round(settings.exit_timeout_s)),
         server_header=False,
         date_header=False,
     )
+    _route_uvicorn_logs(settings.log_verbose)
     http_server = _Server(config)
     http_sockets = (
         [reuse_port_socket(settings.http.address, settings.http.port)]

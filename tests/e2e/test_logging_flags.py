@@ -66,6 +66,13 @@ def test_log_flags_reach_gateway_and_workers(redis_url: str, tmp_path: Path) -> 
             "gateway", "serve", "worker"
         }
 
+        # uvicorn's lines share the format and the file: an access line per HTTP request
+        access = _lines(log_file, '"POST /v2/models/raiser/infer HTTP/1.1" 400')
+        assert access and all(
+            ISO_LINE.match(a) and " gateway uvicorn.access] 127.0.0.1:" in a for a in access
+        ), access
+        assert "uvicorn" not in server.log(), server.log()  # nothing on stdout/stderr
+
         # the logging extension changes the gateway's logging at run time
         answer = requests.post(
             f"{base}/v2/logging", json={"log_info": False, "log_verbose_level": 0}, timeout=5
