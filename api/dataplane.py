@@ -465,7 +465,10 @@ class DataPlane:
         ends with the worker's response (see :meth:`result`), or fails with
         ``SluiceError``: UNAVAILABLE "Exceeds maximum queue size" (Triton
         ``max_queue_size``), "broker unavailable", or "Request timeout expired" once the
-        gateway's deadline (``request_timeout_s``) passes.
+        gateway's deadline (``request_timeout_s``) passes. Cancelling the future (the
+        client went away) takes the request off its stream if no instance has taken it
+        yet and counts it failed, reason CANCELED (Triton ``request_cancellation.md``);
+        one an instance holds still runs, and its answer is dropped.
 
         Raises:
             SluiceError: at once, UNSUPPORTED for a decoupled model or INVALID_ARG when the
@@ -500,12 +503,15 @@ class DataPlane:
             self._layouts[(model, resolved)] = layout
         level = layout.level_of(int(parameters.get("priority", 0) or 0))
         max_queue_size = view.policy.queue_policy(level).max_queue_size
-        future = self.router.expect(request_id, message.deadline_ns)
-        try:
-            queued = self._producer.submit(layout.stream(level), message, max_queue_size)
-        except BaseException:
-            future.cancel()
-            raise
+        stream = layout.stream(level)
+        # the XADD leaves at the end of this loop iteration: registered below before any
+        # reply can come; its future keeps the entry id for a cancellation
+        queued = self._producer.submit(stream, message, max_queue_size)
+        future = self.router.expect(
+            request_id,
+            message.deadline_ns,
+            functools.partial(self._cancelled, stream, model, resolved, now_ns, queued),
+        )
         queued.add_done_callback(functools.partial(self._queued, future, model, resolved))
         return future
 
@@ -531,6 +537,62 @@ class DataPlane:
             task.add_done_callback(self._counted)
         if not future.done():
             future.set_exception(error)
+
+    def _cancelled(
+        self,
+        stream: str,
+        model: str,
+        version: int,
+        enqueued_ns: int,
+        queued: asyncio.Future[Any],
+    ) -> None:
+        """The client cancelled the request (gRPC cancellation or deadline, HTTP connection
+        lost): take it off its stream if no instance has taken it yet (in the background,
+        once the ``XADD`` has answered). Not while the server exits: what is cancelled then
+        is mostly the server's doing (gRPC's grace period, uvicorn's shutdown timeout; a
+        client's own cancellation is not told apart), and :meth:`drop_unanswered` takes
+        what is left, uncounted. Never raises (it runs in a done callback); a failed
+        cancellation is logged (:meth:`_cancel_ended`)."""
+        if self._exiting:
+            return
+        if not queued.done():
+            queued.add_done_callback(
+                functools.partial(self._cancelled, stream, model, version, enqueued_ns)
+            )
+            return
+        if queued.cancelled() or queued.exception() is not None:
+            return  # never queued
+        task = asyncio.ensure_future(
+            self._cancel_queued(stream, queued.result(), model, version, enqueued_ns)
+        )
+        self._background.add(task)
+        task.add_done_callback(self._cancel_ended)
+
+    async def _cancel_queued(
+        self, stream: str, entry_id: bytes, model: str, version: int, enqueued_ns: int
+    ) -> None:
+        async with asyncio.timeout(self.settings.redis.socket_timeout_s):
+            taken = await self._producer.cancel(
+                stream,
+                entry_id,
+                self._keys.stats(model, version),
+                time.time_ns() - enqueued_ns,
+            )
+        logger.debug(
+            "cancelled request of model '%s' version %d (entry %s): %s",
+            model,
+            version,
+            entry_id.decode(),
+            "taken off the queue" if taken else "already taken by an instance, it runs",
+        )
+
+    def _cancel_ended(self, task: asyncio.Future[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            logger.warning(
+                "could not take a cancelled request off its queue: %s",
+                "Redis did not answer in time" if isinstance(exc, TimeoutError) else exc,
+            )
 
     async def drop_unanswered(self) -> int:
         """At exit, after :meth:`ReplyRouter.stop` answered every waiting client: take this

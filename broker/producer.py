@@ -3,7 +3,8 @@
 ``max_queue_size`` (Triton ``ModelQueuePolicy``) is enforced at ``XADD`` time by
 a Lua script (``broker.scripts.BOUNDED_XADD``), atomically: a request is refused
 when the stream already holds that many entries that no instance has taken yet
-(stream length minus the consumer group's pending count).
+(stream length minus the consumer group's pending count). A request whose client
+cancels it while it is still queued is taken off its stream again (:meth:`Producer.cancel`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from broker.errors import ErrorCode, SluiceError
 from broker.keys import WORKER_GROUP
 from broker.messages import InferRequestMessage
 from broker.multiplex import MultiplexedConnection
-from broker.scripts import BOUNDED_XADD
+from broker.scripts import BOUNDED_XADD, CANCEL_QUEUED
+from broker.stats_store import StatsDelta
 
 #: stream entry field that holds the encoded request.
 PAYLOAD_FIELD = b"m"
@@ -50,7 +52,8 @@ class Producer:
             max_queue_size: Triton ``max_queue_size`` of the level; 0 = unbounded.
 
         Returns:
-            A future that raises ``SluiceError`` UNAVAILABLE "Exceeds maximum queue size"
+            A future of the new entry's id (bytes, what ``XADD`` answers; :meth:`cancel`
+            takes it), that raises ``SluiceError`` UNAVAILABLE "Exceeds maximum queue size"
             when the queue is full, or a ``redis.exceptions.RedisError`` when Redis cannot
             be reached or does not answer (:func:`enqueue_error` turns it into Triton's).
         """
@@ -59,12 +62,45 @@ class Producer:
             return self._connection.call("XADD", stream, "*", PAYLOAD_FIELD, payload)
         return asyncio.ensure_future(self._bounded(stream, message.model, payload, max_queue_size))
 
-    async def _bounded(self, stream: str, model: str, payload: bytes, max_queue_size: int) -> None:
-        added = await self._connection.script(
+    async def _bounded(self, stream: str, model: str, payload: bytes, max_queue_size: int) -> bytes:
+        entry_id = await self._connection.script(
             BOUNDED_XADD, [stream], [max_queue_size, WORKER_GROUP, payload]
         )
-        if not added:
+        if not entry_id:
             raise SluiceError(ErrorCode.UNAVAILABLE, QUEUE_FULL, model=model)
+        return bytes(entry_id)
+
+    async def cancel(self, stream: str, entry_id: bytes, stats_key: str, request_ns: int) -> bool:
+        """Take a cancelled request off ``stream`` and count it as failed, reason CANCELED,
+        if no instance has taken it yet (Triton ``request_cancellation.md``: a request
+        cancelled while it waits in the scheduler queue is not executed; Triton counts it
+        in ``nv_inference_request_failure{reason="CANCELED"}``).
+
+        One script (``broker.scripts.CANCEL_QUEUED``), atomic: the entry is deleted only
+        when it is not in the consumer group's pending list, so an instance that already
+        read it runs it (its answer finds nobody waiting and is dropped). The
+        ``max_queue_size`` count (stream length minus pending) stays right.
+
+        Args:
+            stream: the stream the request was queued on.
+            entry_id: its entry id, as :meth:`submit`'s future gave it.
+            stats_key: the model version's statistics hash (``KeySchema.stats``).
+            request_ns: how long the request lived before it was cancelled, in ns
+                (added to ``fail_ns``).
+
+        Returns:
+            True when the entry was taken off and counted; False when an instance holds
+            it (or it is no longer on the stream).
+
+        Raises:
+            redis.exceptions.RedisError: Redis unreachable or silent (``MultiplexedConnection``).
+        """
+        delta = StatsDelta()
+        delta.failure(request_ns=request_ns, reason="CANCELED")
+        done = await self._connection.script(
+            CANCEL_QUEUED, [stream, stats_key], [WORKER_GROUP, entry_id, delta.counter_text()]
+        )
+        return bool(done)
 
 
 def enqueue_error(exc: BaseException, model: str) -> BaseException:

@@ -14,6 +14,7 @@ import contextlib
 import functools
 import logging
 import time
+from collections.abc import Callable
 
 import redis.asyncio
 import redis.exceptions
@@ -66,30 +67,44 @@ class ReplyRouter:
         self._waiting.clear()
         await self._pool.disconnect()
 
-    def expect(self, request_id: str, deadline_ns: int) -> asyncio.Future[InferResponseMessage]:
+    def expect(
+        self,
+        request_id: str,
+        deadline_ns: int,
+        on_cancel: Callable[[], None] | None = None,
+    ) -> asyncio.Future[InferResponseMessage]:
         """Register interest in ``request_id`` before the request is queued.
 
         The future fails with UNAVAILABLE "Request timeout expired" once the wall-clock
         ``deadline_ns`` passes; however it ends (answered, failed, cancelled), the
         registration and the timer go with it.
+
+        Args:
+            request_id: the request's id (its response carries it).
+            deadline_ns: wall-clock deadline, ns since the epoch.
+            on_cancel: called (from a done callback, so it must not raise) when the
+                future is cancelled: the client went away before its answer.
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[InferResponseMessage] = loop.create_future()
         self._waiting[request_id] = future
         # a timer handle, not asyncio.wait_for: no wrapper task per request
         timer = loop.call_later(max(0.0, (deadline_ns - time.time_ns()) / 1e9), _expire, future)
-        future.add_done_callback(functools.partial(self._done, request_id, timer))
+        future.add_done_callback(functools.partial(self._done, request_id, timer, on_cancel))
         return future
 
     def _done(
         self,
         request_id: str,
         timer: asyncio.TimerHandle,
+        on_cancel: Callable[[], None] | None,
         future: asyncio.Future[InferResponseMessage],
     ) -> None:
         timer.cancel()
         if self._waiting.get(request_id) is future:
             del self._waiting[request_id]
+        if on_cancel is not None and future.cancelled():
+            on_cancel()
 
     async def _read_forever(self) -> None:
         conn = self._pool.make_connection()

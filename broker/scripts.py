@@ -64,8 +64,8 @@ return 1
 
 #: ``max_queue_size`` (Triton ``ModelQueuePolicy``) enforced at ``XADD`` time: refused (0)
 #: when the stream already holds that many entries no instance has taken yet (stream
-#: length minus the consumer group's pending count). KEYS[1]: stream; ARGV: max, group,
-#: encoded request.
+#: length minus the consumer group's pending count); otherwise returns the new entry's id,
+#: as ``XADD`` does. KEYS[1]: stream; ARGV: max, group, encoded request.
 BOUNDED_XADD = Script(
     """
 local max = tonumber(ARGV[1])
@@ -76,9 +76,28 @@ if len >= max then
   if ok and pending then taken = pending[1] end
   if len - taken >= max then return 0 end
 end
-redis.call('XADD', KEYS[1], '*', 'm', ARGV[3])
+return redis.call('XADD', KEYS[1], '*', 'm', ARGV[3])
+"""
+)
+
+#: Take a cancelled request off its stream and count it, at once, if no instance has taken
+#: it yet (Triton: a request cancelled while in the scheduler queue is not executed and
+#: counts as a failure, reason CANCELED). Returns 1 when it did, 0 when the entry is in the
+#: consumer group's pending list (an instance holds it: it runs) or no longer on the stream.
+#: Deleting a not-taken entry keeps ``BOUNDED_XADD``'s count (length minus pending) right.
+#: KEYS[1]: stream; KEYS[2]: the version's statistics hash.
+#: ARGV[1]: consumer group; ARGV[2]: entry id; ARGV[3]: counter increments as in
+#: ``ACK_AND_COUNT`` ("field delta field delta ...").
+CANCEL_QUEUED = Script(
+    """
+local ok, pending = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
+if ok and pending[1] then return 0 end
+if redis.call('XDEL', KEYS[1], ARGV[2]) == 0 then return 0 end
+for name, delta in string.gmatch(ARGV[3], '(%S+) (%S+)') do
+  redis.call('HINCRBY', KEYS[2], name, delta)
+end
 return 1
 """
 )
 
-ALL_SCRIPTS = (PUSH_REPLIES, ACK_AND_COUNT, BOUNDED_XADD)
+ALL_SCRIPTS = (PUSH_REPLIES, ACK_AND_COUNT, BOUNDED_XADD, CANCEL_QUEUED)

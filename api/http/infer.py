@@ -40,6 +40,9 @@ _HEADER_LENGTH = b"inference-header-content-length"
 #: the model and version (None: the model's policy picks) of an infer route.
 Route = tuple[str, int | None]
 
+#: ASGI scope key of a queued request's response future (:func:`cancel_unanswered`).
+REPLY_SCOPE_KEY = "sluice.reply"
+
 
 def _route(path: str) -> Route | None:
     match = INFER_PATH.match(path)
@@ -155,18 +158,24 @@ async def handle_infer(
     request_id: str,
     model: str,
     version: int | None,
-    headers: Mapping[bytes, bytes],
+    scope: Scope,
     receive: Receive,
 ) -> tuple[bytes, dict[str, str]]:
     """Run one HTTP inference request; returns the response body and headers.
 
+    The queued request's response future is kept in ``scope`` (:data:`REPLY_SCOPE_KEY`),
+    so a connection lost before the answer cancels it (:func:`cancel_unanswered`).
+
     Raises:
         SluiceError: anything Triton answers with an error status.
+        asyncio.CancelledError: the connection was lost before the answer.
     """
+    headers = dict(scope["headers"])
     view, resolved = await dp.resolve_for_infer(model, version)  # unknown model: 404 first
     raw = await _read_body(receive, headers, dp.settings.http.max_body_bytes)
     parsed = _parse(dp, model, headers, raw)
     future = _submit(dp, request_id, view, resolved, version, parsed)
+    scope[REPLY_SCOPE_KEY] = future
     try:
         result = dp.result(model, parsed.client_id, await future)
     except SluiceError as exc:
@@ -225,15 +234,15 @@ class InferEndpoint:
             )
             return
         model, version = route
-        headers = dict(scope["headers"])
         request_id = self.dataplane.next_request_id()
         try:
             body, out = await handle_infer(
-                self.dataplane, request_id, model, version, headers, receive
+                self.dataplane, request_id, model, version, scope, receive
             )
             await _respond(send, 200, body, out)
         except (Exception, asyncio.CancelledError) as exc:
-            # cancelled: uvicorn's graceful shutdown ran out; the client still gets a 503
+            # cancelled: uvicorn's graceful shutdown ran out (the client still gets a 503),
+            # or the connection was lost (uvicorn's send writes nothing then)
             status, body = _failure(exc, model)
             await _respond(send, status, body, _JSON)
 
@@ -288,10 +297,9 @@ class InferEndpoint:
             status, content = _failure(exc, model)
             write_response(cycle, status, content, _JSON)
             return True
+        scope[REPLY_SCOPE_KEY] = future
         future.add_done_callback(
-            functools.partial(
-                self._answered, cycle, request_id, model, version, parsed, headers
-            )
+            functools.partial(self._answered, cycle, request_id, model, version, parsed, headers)
         )
         return True
 
@@ -319,6 +327,24 @@ class InferEndpoint:
 
 
 _JSON = {"content-type": "application/json"}
+
+
+def cancel_unanswered(cycle: Any) -> None:
+    """The connection of uvicorn's ``RequestResponseCycle`` was lost: if the cycle's
+    infer request is queued and not answered yet, cancel its response future, which takes
+    the request off its stream unless an instance has taken it (:meth:`DataPlane.submit`;
+    Triton cancels only gRPC requests, its HTTP server does not notice a client that
+    went away). Nothing for a cycle that was answered or queued no request.
+
+    A connection the client half-closed (EOF, still reading) is not lost:
+    :class:`api.http.protocol.HttpProtocol` keeps answering it.
+    """
+    if cycle is None or cycle.response_complete:
+        return
+    future = cycle.scope.get(REPLY_SCOPE_KEY)
+    if future is not None and not future.done():
+        cycle.disconnected = True  # the answer written from the future's callback is dropped
+        future.cancel()
 
 
 def write_response(cycle: Any, status: int, body: bytes, headers: Mapping[str, str]) -> None:

@@ -40,7 +40,7 @@ from typing import Any
 import httptools
 
 from api.http.coalescing import CoalescingHttpToolsProtocol, CoalescingTransport
-from api.http.infer import InferEndpoint
+from api.http.infer import InferEndpoint, cancel_unanswered
 
 #: most bytes a request line and its headers may take, in bytes.
 MAX_HEAD_BYTES = 1 << 20
@@ -85,10 +85,15 @@ class HttpProtocol(CoalescingHttpToolsProtocol):
         self._read_timer = self.loop.call_later(self._read_timeout_s, self._read_deadline)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        """Stop the read timer; an infer request queued and not answered yet is cancelled
+        (:func:`api.http.infer.cancel_unanswered`). A loss is seen while the connection is
+        read: not once the client half-closed it (it is answered), nor while uvicorn stops
+        reading it because a request is pipelined behind the one being answered."""
         if self._read_timer is not None:
             self._read_timer.cancel()
             self._read_timer = None
         super().connection_lost(exc)
+        cancel_unanswered(self.cycle)
 
     def data_received(self, data: bytes) -> None:
         """Feed the parser; enforce :data:`MAX_HEAD_BYTES` and the read timeout; carry on

@@ -1,0 +1,263 @@
+"""Request cancellation (Triton ``request_cancellation.md``): a request whose client goes
+away while it is still queued is taken off its stream, never executed, and counted as a
+failure with reason CANCELED; one an instance already runs completes as before.
+
+``slow_queue`` has one instance and ``max_queue_size: 1``: a slow request keeps the
+instance busy, the next one waits on the stream, and a third is refused at once unless
+the one waiting was taken off (e2e_support ``SLOW_VARIANTS``).
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import struct
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from e2e_support import read_http_responses
+from metrics_support import scrape
+
+from broker.keys import WORKER_GROUP, KeySchema
+
+pytestmark = pytest.mark.e2e
+
+REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+
+
+@pytest.fixture
+def broker(server: Any) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(server.redis_url, socket_timeout=5)
+    yield client
+    client.close()
+
+
+def _stream(server: Any, model: str) -> str:
+    return KeySchema(server.key_prefix).queue(model, 1)
+
+
+def _queued(broker: redis.Redis, server: Any, model: str) -> int:
+    """Entries on the model's stream that no instance has taken yet."""
+    stream = _stream(server, model)
+    length = int(broker.xlen(stream))
+    try:
+        pending = int(broker.xpending(stream, WORKER_GROUP)["pending"])
+    except redis.ResponseError:  # no group yet
+        pending = 0
+    return length - pending
+
+
+def _taken(broker: redis.Redis, server: Any, model: str) -> int:
+    """Entries an instance has taken and not finished."""
+    return int(broker.xpending(_stream(server, model), WORKER_GROUP)["pending"])
+
+
+def _until(predicate: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"never: {what}")
+
+
+def _counts(server: Any, model: str) -> dict[str, int]:
+    """The model's statistics (tritonclient) and failure metrics, flattened."""
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        stats = client.get_inference_statistics(model)["model_stats"][0]
+    finally:
+        client.close()
+    inference = stats["inference_stats"]
+    counts = {
+        "execution_count": stats["execution_count"],
+        "inference_count": stats["inference_count"],
+        "success": inference["success"]["count"],
+        "fail": inference["fail"]["count"],
+        "queue": inference["queue"]["count"],
+    }
+    metrics = scrape(server.metrics_url)
+    for reason in REASONS:
+        counts[reason] = int(metrics.model("nv_inference_request_failure", model, reason=reason))
+    return counts
+
+
+def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: after[k] - before[k] for k in after}
+
+
+def _grpc_input(value: float) -> list[grpcclient.InferInput]:
+    tensor = grpcclient.InferInput("IN", [1, 1], "FP32")
+    tensor.set_data_from_numpy(np.array([[value]], np.float32))
+    return [tensor]
+
+
+def _http_request(value: float, model: str, chunked: bool = False, sleep_ms: int = 0) -> bytes:
+    """A JSON infer request; ``chunked`` sends the body chunked, which takes the ASGI path
+    (``handle_infer``) instead of the task-free one."""
+    body = json.dumps(
+        {
+            "inputs": [{"name": "IN", "shape": [1, 1], "datatype": "FP32", "data": [value]}],
+            "parameters": {"sleep_ms": sleep_ms},
+        }
+    ).encode()
+    head = (
+        f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    )
+    if chunked:
+        return (head + "Transfer-Encoding: chunked\r\n\r\n").encode() + (
+            b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        )
+    return (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close abortively (RST), as a client killed with unread data or SO_LINGER 0 does."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+class _Results:
+    """tritonclient.grpc callbacks, by name."""
+
+    def __init__(self) -> None:
+        self.done: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
+
+    def callback(self, name: str) -> Callable[[Any, Any], None]:
+        return lambda result, error: self.done.put((name, result, error))
+
+    def wait(self, count: int) -> dict[str, tuple[Any, Any]]:
+        return {
+            name: (result, error)
+            for name, result, error in (self.done.get(timeout=30) for _ in range(count))
+        }
+
+
+def test_grpc_cancel_and_deadline_take_a_queued_request_off(server, broker) -> None:
+    model = "slow_queue"
+    before = _counts(server, model)
+    log_before = len(server.log())
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results = _Results()
+    client.async_infer(
+        model, _grpc_input(1.0), results.callback("running"), parameters={"sleep_ms": 2500}
+    )
+    _until(lambda: _taken(broker, server, model) == 1, "the instance takes the first request")
+
+    # cancelled by the client while queued
+    call = client.async_infer(model, _grpc_input(2.0), results.callback("cancelled"))
+    _until(lambda: _queued(broker, server, model) == 1, "the second request is queued")
+    call.cancel()
+    # at once, long before the instance is free (2.5 s)
+    _until(lambda: _queued(broker, server, model) == 0, "the cancelled one is taken off", 1.5)
+
+    # its deadline (client_timeout) passes while queued: the queue had room for it again
+    client.async_infer(model, _grpc_input(3.0), results.callback("expired"), client_timeout=0.6)
+    _until(lambda: _queued(broker, server, model) == 1, "the third request is queued")
+    _until(lambda: _queued(broker, server, model) == 0, "the expired one is taken off", 1.5)
+
+    # a later request is queued (not refused: max_queue_size 1) and served
+    client.async_infer(model, _grpc_input(4.0), results.callback("later"))
+    done = results.wait(4)
+    client.close()
+
+    assert done["running"][1] is None and done["running"][0].as_numpy("OUT").tolist() == [[1.0]]
+    assert done["later"][1] is None and done["later"][0].as_numpy("OUT").tolist() == [[4.0]]
+    assert done["cancelled"][1].status() == "StatusCode.CANCELLED"
+    assert done["expired"][1].status() == "StatusCode.DEADLINE_EXCEEDED"
+    assert broker.xlen(_stream(server, model)) == 0
+    _until(lambda: _counts(server, model)["success"] == before["success"] + 2, "two answered")
+    assert _delta(_counts(server, model), before) == {
+        "execution_count": 2,  # the two cancelled never ran
+        "inference_count": 2,
+        "success": 2,
+        "queue": 2,
+        "fail": 2,
+        **dict.fromkeys(REASONS, 0),
+        "CANCELED": 2,
+    }
+    assert "Traceback" not in server.log()[log_before:]
+
+
+def test_http_connection_reset_takes_a_queued_request_off(server, broker) -> None:
+    """A client whose connection is reset is gone; one that half-closed (sent EOF, still
+    reading) is answered, and its request counts as before."""
+    model = "slow_queue"
+    before = _counts(server, model)
+    log_before = len(server.log())
+    first = socket.create_connection(("127.0.0.1", server.http_port), timeout=10)
+    first.sendall(_http_request(1.0, model, sleep_ms=2500))
+    _until(lambda: _taken(broker, server, model) == 1, "the instance takes the first request")
+
+    for chunked in (False, True):  # the task-free path, then the ASGI path
+        sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=10)
+        sock.sendall(_http_request(2.0, model, chunked=chunked))
+        _until(lambda: _queued(broker, server, model) == 1, "a request is queued")
+        _reset(sock)
+        _until(lambda: _queued(broker, server, model) == 0, "the reset one is taken off", 1.0)
+
+    half_closed = socket.create_connection(("127.0.0.1", server.http_port), timeout=10)
+    half_closed.sendall(_http_request(5.0, model))
+    _until(lambda: _queued(broker, server, model) == 1, "the half-closed one is queued")
+    half_closed.shutdown(socket.SHUT_WR)
+
+    [(status, _, answer)] = read_http_responses(first, 1)
+    assert status == b"HTTP/1.1 200 OK", answer
+    [(status, _, answer)] = read_http_responses(half_closed, 1)
+    assert status == b"HTTP/1.1 200 OK", answer
+    assert json.loads(answer)["outputs"][0]["data"] == [5.0]
+    first.close()
+    half_closed.close()
+
+    assert broker.xlen(_stream(server, model)) == 0
+    _until(lambda: _counts(server, model)["success"] == before["success"] + 2, "two answered")
+    assert _delta(_counts(server, model), before) == {
+        "execution_count": 2,
+        "inference_count": 2,
+        "success": 2,
+        "queue": 2,
+        "fail": 2,
+        **dict.fromkeys(REASONS, 0),
+        "CANCELED": 2,
+    }
+    assert "Traceback" not in server.log()[log_before:]
+
+
+def test_a_request_already_running_when_cancelled_completes(server, broker) -> None:
+    """Triton cancels only what waits in the scheduler queue: a request an instance runs
+    finishes and counts as a success (its answer finds nobody waiting)."""
+    model = "slow_pair"  # two instances: both requests run at once
+    before = _counts(server, model)
+    log_before = len(server.log())
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results = _Results()
+    call = client.async_infer(
+        model, _grpc_input(1.0), results.callback("grpc"), parameters={"sleep_ms": 1000}
+    )
+    sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=10)
+    sock.sendall(_http_request(2.0, model, sleep_ms=1000))
+    _until(lambda: _taken(broker, server, model) == 2, "both requests run")
+    call.cancel()
+    _reset(sock)
+    assert results.wait(1)["grpc"][1].status() == "StatusCode.CANCELLED"
+    client.close()
+
+    _until(lambda: _counts(server, model)["success"] == before["success"] + 2, "both complete")
+    assert broker.xlen(_stream(server, model)) == 0
+    got = _delta(_counts(server, model), before)
+    assert got.pop("execution_count") in (1, 2)  # one batch of two, or one each
+    assert got == {
+        "success": 2,
+        "inference_count": 2,
+        "queue": 2,
+        "fail": 0,
+        **dict.fromkeys(REASONS, 0),
+    }
+    assert "Traceback" not in server.log()[log_before:]
