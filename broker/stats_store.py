@@ -12,6 +12,7 @@ Field names:
 * ``inference_count`` (Σ batch sizes of successful requests), ``execution_count``;
 * ``batch:<n>:count`` and ``batch:<n>:compute_{input,infer,output}_ns`` per executed batch size;
 * ``fail_reason:<REASON>`` with Triton's metric reasons REJECTED, CANCELED, BACKEND, OTHER;
+  ``cancel_ns`` (the CANCELED ones' share of ``fail_ns``);
 * ``last_inference_ms`` (ms since the epoch, written with HSET).
 """
 
@@ -92,10 +93,14 @@ class StatsDelta:
             self.last_inference_ms = now_ms
 
     def failure(self, *, request_ns: int, reason: str) -> None:
-        """One failed request; ``reason`` is one of :data:`FAIL_REASONS`."""
+        """One failed request; ``reason`` is one of :data:`FAIL_REASONS`. A CANCELED one's
+        duration is also kept apart (``cancel_ns``): it never reached the model, so it has
+        no response to count in ``response_stats``."""
         self.add("fail_count", 1)
         self.add("fail_ns", max(0, request_ns))
         self.add(f"fail_reason:{reason}", 1)
+        if reason == "CANCELED":
+            self.add("cancel_ns", max(0, request_ns))
 
     def counter_text(self) -> str:
         """The increments as ``"field delta field delta …"`` (``scripts.ACK_AND_COUNT``)."""
@@ -156,15 +161,22 @@ def triton_model_stats(name: str, version: int, stats: VersionStats) -> dict[str
             }
         )
     response_stats: dict[str, Any] = {}
-    if stats.get("success_count") or stats.get("fail_count"):
+    # a request cancelled in the queue never reached the model: no response of it counts
+    failed_responses = {
+        "count": stats.get("fail_count") - stats.get("fail_reason:CANCELED"),
+        "ns": max(0, stats.get("fail_ns") - stats.get("cancel_ns")),
+    }
+    if stats.get("success_count") or failed_responses["count"]:
         # One response per request (no decoupled models): index "0" of each request.
         response_stats["0"] = {
             "compute_infer": pair("compute_infer"),
             "compute_output": pair("compute_output"),
             "success": pair("success"),
-            "fail": pair("fail"),
+            "fail": failed_responses,
             "empty_response": {"count": 0, "ns": 0},
-            "cancel": {"count": stats.get("fail_reason:CANCELED"), "ns": 0},
+            # Triton counts here responses a backend ended as cancelled; Sluice's models
+            # never see a cancellation (a cancelled request runs whole or not at all)
+            "cancel": {"count": 0, "ns": 0},
         }
     return {
         "name": name,
