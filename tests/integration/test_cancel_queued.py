@@ -106,6 +106,7 @@ async def test_a_queued_entry_is_deleted_and_counted_once(
         "fail_count": 1,
         "fail_ns": 1234,
         "fail_reason:CANCELED": 1,
+        "cancel_ns": 1234,
     }
     # a second cancellation of the same entry finds nothing and counts nothing
     assert await producer.cancel(stream, entry, stats, 99) is False
