@@ -22,7 +22,7 @@ from broker.direct import DirectConnection
 from broker.keys import WORKER_GROUP
 from broker.messages import InferRequestMessage, InferResponseMessage
 from broker.producer import PAYLOAD_FIELD
-from broker.scripts import ACK_AND_COUNT, PUSH_REPLIES
+from broker.scripts import ACK_AND_COUNT
 from broker.stats_store import StatsDelta
 
 logger = logging.getLogger(__name__)
@@ -142,8 +142,12 @@ class StreamConsumer:
     ) -> None:
         """Push each ``(reply_key, response)``, XACK + XDEL ``entries``, add ``delta``.
 
-        One round trip: one ``PUSH_REPLIES`` script per reply list and one
-        ``ACK_AND_COUNT`` script for the entries and the statistics hash ``stats_key``.
+        One round trip: ``RPUSH`` and ``EXPIRE`` (renewed TTL, :data:`REPLY_TTL_S`) per
+        reply list, then one ``ACK_AND_COUNT`` script for the entries and the statistics
+        hash ``stats_key``. Plain commands, not a script, for the replies: Redis sends a
+        blocked gateway its answer only after the whole pipeline ran, and a script call
+        cost ~19 µs of Redis time against ~3 µs for the two commands (identity model at
+        one client: p50 −10 to −20 µs, Redis CPU −5%).
         With ``defer`` the commands wait for the next :meth:`read` or :meth:`flush` and
         share its write (the instance loop reads right after finishing a batch, so this
         saves a round trip without delaying the replies).
@@ -154,10 +158,10 @@ class StreamConsumer:
         by_reply: dict[str, list[bytes]] = {}
         for reply_key, response in responses:
             by_reply.setdefault(reply_key, []).append(encode_response(response))
-        commands = [
-            PUSH_REPLIES.command([key], [REPLY_TTL_S, *payloads])
-            for key, payloads in by_reply.items()
-        ]
+        commands: list[tuple[object, ...]] = []
+        for key, payloads in by_reply.items():
+            commands.append(("RPUSH", key, *payloads))
+            commands.append(("EXPIRE", key, REPLY_TTL_S))
         by_stream: dict[str, list[bytes]] = {}
         for delivery in entries:
             by_stream.setdefault(delivery.stream, []).append(delivery.entry_id)

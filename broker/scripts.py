@@ -26,16 +26,6 @@ class Script:
         return ("EVALSHA", self.sha, len(keys), *keys, *args)
 
 
-#: KEYS[1]: a gateway's reply list. ARGV[1]: TTL in s; ARGV[2..]: encoded responses.
-#: Pushes the responses and renews the TTL, so the list of a gateway that died expires.
-PUSH_REPLIES = Script(
-    """
-redis.call('RPUSH', KEYS[1], unpack(ARGV, 2))
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-return 1
-"""
-)
-
 #: Acknowledge and delete finished stream entries and add to the statistics hash, at once.
 #: KEYS[1]: the version's statistics hash; KEYS[2..]: streams.
 #: ARGV[1]: consumer group; ARGV[2]: last_inference_ms ('0' = keep); ARGV[3]: the counter
@@ -100,4 +90,4 @@ return 1
 """
 )
 
-ALL_SCRIPTS = (PUSH_REPLIES, ACK_AND_COUNT, BOUNDED_XADD, CANCEL_QUEUED)
+ALL_SCRIPTS = (ACK_AND_COUNT, BOUNDED_XADD, CANCEL_QUEUED)
