@@ -221,8 +221,26 @@ def check_gateway_start(argv: list[str]) -> str | None:
         listeners.append(("metrics", address, settings.metrics.port))
     for what, address, port in listeners:
         if port and not port_is_free(address, port):
-            return f"the {what} port {port} on {address} is in use by another process"
+            reason = f"the {what} port {port} on {address} is in use by another process"
+            low, high = ephemeral_port_range()
+            if low <= port <= high:
+                reason += (
+                    f" or connection (it lies in this machine's range for the local ports of "
+                    f"outgoing connections, {low}-{high}: a port outside it is never taken "
+                    "by one)"
+                )
+            return reason
     return None
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing TCP connections (Linux
+    ``net.ipv4.ip_local_port_range``; (0, -1) where unknown)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 0, -1
 
 
 def port_is_free(address: str, port: int) -> bool:

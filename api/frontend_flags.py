@@ -58,12 +58,25 @@ _METRICS_FLAGS = (
     _Flag("--metrics-interval-ms", "interval_ms", int, "GPU/CPU metrics refresh period, ms (2000)",
           "metrics"),
 )
+def _log_file(text: str) -> str:
+    """A log file this process can append to (created if missing)."""
+    try:
+        with open(text, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(
+            f"cannot append to '{text}': {exc.strerror or exc}"
+        ) from None
+    return text
+
+
 _LOG_FLAGS = (
     _Flag("--log-info", "log_info", _bool, "write INFO lines (true)", ""),
     _Flag("--log-warning", "log_warning", _bool, "write WARNING lines (true)", ""),
     _Flag("--log-error", "log_error", _bool, "write ERROR lines (true)", ""),
     _Flag("--log-format", "log_format", _log_format, "default or ISO8601", ""),
-    _Flag("--log-file", "log_file", str, "append log lines to this file (standard error)", ""),
+    _Flag("--log-file", "log_file", _log_file, "append log lines to this file (standard error)",
+          ""),
 )
 #: ``--metrics-config <key>=<value>`` keys (Triton) and the MetricsSettings field of each.
 METRICS_CONFIG_KEYS = {

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import logging
 import signal
+import socket
 import sys
 
 import redis.exceptions
@@ -117,6 +118,33 @@ def _route_uvicorn_logs(verbose: int) -> None:
     access.setLevel(logging.INFO)
 
 
+def _shared_listeners(
+    settings: GatewaySettings,
+) -> tuple[list[socket.socket] | None, list[socket.socket] | None]:
+    """The HTTP and metrics sockets gateways share with ``SO_REUSEPORT``
+    (``--gateway-processes`` > 1); None each where uvicorn binds its own.
+
+    Raises:
+        SystemExit: 1, after one error line, when a port cannot be bound.
+    """
+    if not settings.reuse_port:
+        return None, None
+    listeners = [("HTTP", settings.http.address, settings.http.port)]
+    if settings.metrics.enabled:
+        address = settings.metrics.address or settings.http.address
+        listeners.append(("metrics", address, settings.metrics.port))
+    bound: list[socket.socket] = []
+    for what, address, port in listeners:
+        try:
+            bound.append(reuse_port_socket(address, port))
+        except OSError as exc:
+            for sock in bound:
+                sock.close()
+            logger.error("cannot listen on the %s port %s:%d: %s", what, address, port, exc)
+            raise SystemExit(1) from None
+    return [bound[0]], bound[1:] or None
+
+
 class _Server(uvicorn.Server):
     """uvicorn without its own signal handling: the gateway stops every front end at once."""
 
@@ -137,6 +165,7 @@ async def serve_gateway(settings: GatewaySettings) -> None:
     from api.grpc.server import GrpcFrontEnd  # grpc.aio only in the gateway process
 
     check_access_specs(settings)  # a bad spec fails start-up, naming it
+    http_sockets, metrics_sockets = _shared_listeners(settings)  # before anything starts
     client = connect(settings)
     dataplane = build_dataplane(settings, client)
     grpc_front: GrpcFrontEnd | None = None
@@ -192,11 +221,6 @@ async def serve_gateway(settings: GatewaySettings) -> None:
     )
     _route_uvicorn_logs(settings.log_verbose)
     http_server = _Server(config)
-    http_sockets = (
-        [reuse_port_socket(settings.http.address, settings.http.port)]
-        if settings.reuse_port
-        else None
-    )
     stopped = asyncio.Event()
     grpc_stopping: list[asyncio.Task[None]] = []
 
@@ -216,11 +240,6 @@ async def serve_gateway(settings: GatewaySettings) -> None:
         if metrics_server is not None:
             # every gateway reports the same values (read from Redis), so gateways that
             # share the HTTP port share the metrics port too
-            metrics_sockets = (
-                [reuse_port_socket(metrics_server.config.host, metrics_server.config.port)]
-                if settings.reuse_port
-                else None
-            )
             await asyncio.gather(
                 http_server.serve(sockets=http_sockets),
                 metrics_server.serve(sockets=metrics_sockets),

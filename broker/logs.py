@@ -24,6 +24,8 @@ from dataclasses import dataclass, replace
 __all__ = ["LOG_FORMATS", "LogOptions", "configure_logging", "reconfigure"]
 
 LOG_FORMATS = ("default", "ISO8601")
+#: third-party loggers whose info and debug lines are not Sluice's news.
+_LIBRARY_LOGGERS = ("grpc", "redis", "asyncio")
 _ENV = {
     "verbose": "SLUICE_LOG_VERBOSE",
     "info": "SLUICE_LOG_INFO",
@@ -180,3 +182,8 @@ def reconfigure(options: LogOptions) -> None:
     _State.filter.options = options
     _State.handler.setFormatter(TritonFormatter(_State.process, options.format == "ISO8601"))
     logging.getLogger().setLevel(logging.DEBUG if options.verbose > 0 else logging.INFO)
+    # libraries' own chatter (grpcio: a line per call at debug; redis-py: an info line when
+    # the server lacks a client feature) only from verbose level 2 on; warnings always
+    library_level = logging.NOTSET if options.verbose >= 2 else logging.WARNING
+    for name in _LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(library_level)

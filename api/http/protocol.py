@@ -118,6 +118,7 @@ class HttpProtocol(CoalescingHttpToolsProtocol):
         if self._head_bytes >= 0:
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES:
+                self._log_refusal(431, None)
                 self._refuse(b"431 Request Header Fields Too Large", _TOO_LARGE)
                 return
         self._unset_keepalive_if_required()
@@ -125,6 +126,7 @@ class HttpProtocol(CoalescingHttpToolsProtocol):
             self.parser.feed_data(data)
         except httptools.HttpParserError:
             self.logger.warning("Invalid HTTP request received.")
+            self._log_refusal(400, None)
             self.send_400_response("Invalid HTTP request received.")
         except httptools.HttpParserUpgrade as exc:
             # ignored: answer over HTTP/1.1 and parse what follows with a fresh parser
@@ -153,8 +155,16 @@ class HttpProtocol(CoalescingHttpToolsProtocol):
         if not self._silent and not self._incomplete():
             return  # the request was read whole; the next one arms the timer again
         now = self.loop.time()
-        if self.flow.read_paused:
-            self._last_read = now  # the server stopped reading (flow control), not the client
+        cycle = self.cycle  # the newest request whose head was read whole
+        if self.flow.read_paused or (
+            cycle is not None
+            and not cycle.response_complete
+            and (cycle.response_started or not cycle.more_body)
+        ):
+            # the server is the one to act: it stopped reading (flow control), or owes an
+            # answer (a request pipelined behind it waits its turn, and its 408 may only
+            # follow that answer), or is writing one
+            self._last_read = now
         left = self._last_read + self._read_timeout_s - now
         if left > 0:
             self._read_timer = self.loop.call_later(left, self._read_deadline)
@@ -162,15 +172,16 @@ class HttpProtocol(CoalescingHttpToolsProtocol):
         if self._silent:
             self.transport.close()
             return
-        cycle = self.cycle
-        if cycle is not None and cycle.response_started:
-            self.transport.close()  # an answer is under way: a 408 cannot follow it
-            return
-        if cycle is not None:
+        if cycle is not None and cycle.more_body:
+            if cycle.response_complete:
+                # answered before its body was read: a 408 would read as the answer to
+                # a next request
+                self.transport.close()
+                return
             cycle.disconnected = True  # an ASGI call waiting for the body gets a disconnect
             cycle.message_event.set()
+        self._log_refusal(408, cycle.scope if cycle is not None and cycle.more_body else None)
         seconds = f"{self._read_timeout_s:g}"
-        self.logger.info("HTTP request not received whole within %s s: 408", seconds)
         self._refuse(
             b"408 Request Timeout",
             b'{"error":"request not received whole: no bytes for %s s"}' % seconds.encode(),
@@ -186,6 +197,17 @@ class HttpProtocol(CoalescingHttpToolsProtocol):
             self._upgrade_pending = False
             self.on_message_complete()
         return data[len(take) :]
+
+    def _log_refusal(self, status: int, scope: Any) -> None:
+        """An access line (``--log-verbose`` ≥ 1) for an answer the protocol itself gives,
+        as uvicorn writes for the others; ``-`` for a method or path not read yet."""
+        if not self.access_log:
+            return
+        client = f"{self.client[0]}:{self.client[1]}" if self.client else "-"
+        method, path, version = "-", "-", "1.1"
+        if scope is not None:
+            method, path, version = scope["method"], scope["path"], scope["http_version"]
+        self.access_logger.info('%s - "%s %s HTTP/%s" %d', client, method, path, version, status)
 
     def _refuse(self, status: bytes, body: bytes) -> None:
         """Answer ``status`` with the JSON ``body``, then a lingering close: send the

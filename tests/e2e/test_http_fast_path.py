@@ -11,12 +11,13 @@ limits: an endless head (431) and a request that stops arriving (408, read timeo
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import time
 
 import numpy as np
 import pytest
-from e2e_support import build_nobatch, read_http_responses, start_server, stop_server
+from e2e_support import ROOT, build_nobatch, read_http_responses, start_server, stop_server
 
 pytestmark = pytest.mark.e2e
 
@@ -199,6 +200,7 @@ def impatient_server(redis_url, tmp_path_factory):
     """A server with a 1 s HTTP read timeout (``--http-read-timeout-secs 1``)."""
     repo = tmp_path_factory.mktemp("read-timeout-models")
     build_nobatch(repo)
+    shutil.copytree(ROOT / "tests/assets/python_models/slow", repo / "slow")
     log = tmp_path_factory.mktemp("read-timeout-logs") / "serve.log"
     srv = start_server(repo, redis_url, log, "--http-read-timeout-secs", "1")
     yield srv
@@ -254,3 +256,46 @@ def test_a_slow_request_that_keeps_arriving_is_answered(impatient_server) -> Non
         (status, _, body), = read_http_responses(sock, 1)
     assert status == b"HTTP/1.1 200 OK"
     assert _outputs(body) == [6.0]
+
+
+def _slow_request(sleep_ms: int) -> bytes:
+    body = json.dumps(
+        {
+            "inputs": [{"name": "IN", "shape": [1, 1], "datatype": "FP32", "data": [3.0]}],
+            "outputs": [{"name": "OUT"}],
+            "parameters": {"sleep_ms": sleep_ms},
+        }
+    ).encode()
+    return (
+        "POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+def test_a_stalled_request_pipelined_behind_a_slow_one_waits_for_its_answer(
+    impatient_server,
+) -> None:
+    """Answers go out in order: a request pipelined behind one the model works on for
+    2.5 s (over twice the 1 s read timeout) and then left unfinished gets its 408 only
+    after the first request's 200, not instead of it."""
+    with socket.create_connection(("127.0.0.1", impatient_server.http_port), timeout=10) as sock:
+        sock.sendall(_slow_request(2500) + _json_request("nobatch", [1.0])[:40])
+        raw, waited = _read_until_closed(sock)
+    first, _, rest = raw.partition(b"HTTP/1.1 408 Request Timeout\r\n")
+    assert first.startswith(b"HTTP/1.1 200 OK\r\n"), raw[:300]
+    assert json.loads(first.split(b"\r\n\r\n", 1)[1])["outputs"][0]["data"] == [3.0]
+    assert b"no bytes for 1 s" in rest
+    assert 3.0 <= waited < 8
+
+
+def test_a_stalled_head_after_an_answered_request_gets_408(impatient_server) -> None:
+    """On a kept-alive connection the next request's head that stops arriving gets its
+    408 too (it was closed without an answer)."""
+    with socket.create_connection(("127.0.0.1", impatient_server.http_port), timeout=10) as sock:
+        sock.sendall(_json_request("nobatch", [1.0]))
+        (status, _, _), = read_http_responses(sock, 1)
+        assert status == b"HTTP/1.1 200 OK"
+        sock.sendall(_json_request("nobatch", [2.0])[:25])
+        raw, waited = _read_until_closed(sock)
+    assert raw.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), raw[:200]
+    assert 0.9 <= waited < 5

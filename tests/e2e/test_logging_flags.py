@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
+import socket
 import time
 from pathlib import Path
 
@@ -42,6 +44,7 @@ def test_log_flags_reach_gateway_and_workers(redis_url: str, tmp_path: Path) -> 
     server = start_server(
         repo, redis_url, tmp_path / "serve.out",
         "--log-verbose", "1", "--log-format", "ISO8601", "--log-file", str(log_file),
+        "--http-read-timeout-secs", "1",
     )
     try:
         base = server.base
@@ -72,6 +75,30 @@ def test_log_flags_reach_gateway_and_workers(redis_url: str, tmp_path: Path) -> 
             ISO_LINE.match(a) and " gateway uvicorn.access] 127.0.0.1:" in a for a in access
         ), access
         assert "uvicorn" not in server.log(), server.log()  # nothing on stdout/stderr
+        # ... and so do the answers the HTTP protocol gives itself: 400, 431, 408
+        for raw in (
+            b"GARBAGE\r\n\r\n",
+            b"GET /v2 HTTP/1.1\r\nX-Big: " + b"a" * (1 << 21),
+            b"POST /v2/models/raiser/infer HTTP/1.1\r\nContent-Length: 10\r\n\r\n{",
+        ):
+            with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
+                with contextlib.suppress(OSError):
+                    sock.sendall(raw)
+                with contextlib.suppress(OSError):
+                    while sock.recv(65536):
+                        pass
+        # libraries' info/debug chatter stays out at level 1 (grpcio wrote a line per call)
+        import tritonclient.grpc as grpcclient
+
+        grpc_client = grpcclient.InferenceServerClient(server.grpc_url)
+        assert grpc_client.is_server_live() and grpc_client.is_model_ready("raiser")
+        grpc_client.close()
+        for line in ('"- - HTTP/1.1" 400', '"- - HTTP/1.1" 431',
+                     '"POST /v2/models/raiser/infer HTTP/1.1" 408'):
+            found = _lines(log_file, line)
+            assert found and " gateway uvicorn.access] 127.0.0.1:" in found[0], line
+        chatter = [t for t in log_file.read_text().splitlines() if "grpc._cython" in t]
+        assert not chatter and "MAINT_NOTIFICATIONS" not in log_file.read_text(), chatter[:3]
 
         # the logging extension changes the gateway's logging at run time
         answer = requests.post(

@@ -506,3 +506,35 @@ def test_what_outlives_the_exit_timeout_is_refused_and_never_run_later(
             stop_server(later)
     finally:
         stop_server(server)
+
+
+def test_a_gateway_that_cannot_bind_its_shared_port_says_so_in_one_line(redis_url: str) -> None:
+    """With ``SO_REUSEPORT`` (``--gateway-processes`` > 1) each gateway binds the shared
+    HTTP port itself; when another socket holds it (here a listener without
+    ``SO_REUSEPORT``; also a connection's local port, as the fresh-user test hit) the
+    gateway exits 1 with one error line, before it starts anything, not a traceback."""
+    import os
+    import subprocess
+    import sys
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "api.cli", "gateway", "--http-address", "127.0.0.1",
+             "--http-port", str(port), "--grpc-port", "0", "--metrics-port", "0",
+             "--redis-url", redis_url, "--key-prefix", "sluice-e2e-bind:"],
+            env={**os.environ, "SLUICE_REUSE_PORT": "1"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )  # fmt: skip
+    finally:
+        holder.close()
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    assert f"cannot listen on the HTTP port 127.0.0.1:{port}" in output
+    assert "Address already in use" in output
+    assert "Traceback" not in output and len(output.strip().splitlines()) == 1, output

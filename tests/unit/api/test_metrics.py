@@ -122,6 +122,16 @@ def test_metrics_and_log_flags() -> None:
         _parse(["--metrics-config", "bogus=1"])
 
 
+def test_log_file_flag_is_checked_when_parsed(tmp_path, capsys) -> None:
+    """A log file that cannot be opened is a flag error (one line, exit 2), not a
+    traceback from the logging set-up."""
+    good = tmp_path / "x.log"
+    assert _parse(["--log-file", str(good)]).log_file == str(good)
+    with pytest.raises(SystemExit):
+        _parse(["--log-file", str(tmp_path / "missing" / "x.log")])
+    assert "cannot append to" in capsys.readouterr().err
+
+
 def test_log_options_round_trip_through_the_environment() -> None:
     options = LogOptions(verbose=1, info=False, format="ISO8601", file="/tmp/x.log")
     assert LogOptions.from_env(options.to_env()) == options
