@@ -116,6 +116,22 @@ def _route_uvicorn_logs(verbose: int) -> None:
     access.handlers = []
     access.propagate = verbose > 0
     access.setLevel(logging.INFO)
+    error = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _ExitTimeoutNotice) for f in error.filters):
+        error.addFilter(_ExitTimeoutNotice())
+
+
+class _ExitTimeoutNotice(logging.Filter):
+    """uvicorn logs ERROR when ``--exit-timeout-secs`` runs out with requests still in
+    flight; that is the flag doing its job (they are answered 503), so a WARNING that
+    says so."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("Cancel %s running task(s), timeout graceful shutdown"):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg = "exit timeout reached: HTTP requests still in flight are answered 503"
+            record.args = None
+        return True
 
 
 def _shared_listeners(

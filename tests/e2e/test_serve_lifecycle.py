@@ -492,6 +492,10 @@ def test_what_outlives_the_exit_timeout_is_refused_and_never_run_later(
             text.startswith(("503 ", "StatusCode.UNAVAILABLE ")) for _, text in outcomes
         ), outcomes
         assert "Traceback" not in server.log()
+        assert "exit timeout reached: HTTP requests still in flight are answered 503" in (
+            server.log()
+        ), server.log()
+        assert "Cancel " not in server.log()  # uvicorn's ERROR line, reworded as a warning
         assert _queued(server, "slow") == 0
         later = start_server(
             repo, redis_url, tmp_path / "later.log", key_prefix=server.key_prefix
