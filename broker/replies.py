@@ -73,7 +73,9 @@ class ReplyRouter:
         deadline_ns: int,
         on_cancel: Callable[[], None] | None = None,
     ) -> asyncio.Future[InferResponseMessage]:
-        """Register interest in ``request_id`` before the request is queued.
+        """Register interest in ``request_id`` before its ``XADD`` reaches Redis (a worker
+        cannot answer earlier; the gateway writes queued commands at the end of the loop
+        iteration).
 
         The future fails with UNAVAILABLE "Request timeout expired" once the wall-clock
         ``deadline_ns`` passes; however it ends (answered, failed, cancelled), the
