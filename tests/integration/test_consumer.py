@@ -92,18 +92,21 @@ def test_finish_replies_acks_and_counts_in_one_trip(client: redis.Redis, key_pre
 
 
 def test_reconnects_after_kill_and_reloads_flushed_scripts(
-    client: redis.Redis, key_prefix: str
+    client: redis.Redis, key_prefix: str, redis_url: str
 ) -> None:
     stream, stats = f"{key_prefix}{{m}}:q:1", f"{key_prefix}{{m}}:stats:1"
     consumer = StreamConsumer(client, [stream], "instance-0")
     try:
         consumer.ensure_groups()
         assert consumer.read(count=1, block_ms=None) == []
-        admin = redis.Redis(connection_pool=client.connection_pool)
+        # a connection of its own: sharing the client's pool, it could kill the very
+        # connection it sends the next CLIENT KILL on (a reset, now and then)
+        admin = redis.Redis.from_url(redis_url, protocol=2, socket_timeout=5)
         ids = [c["id"] for c in admin.client_list() if c.get("name") == "consumer-under-test"]
         assert len(ids) >= 2  # the client's own connection and the consumer's direct one
         for client_id in ids:
-            admin.client_kill_filter(_id=client_id, skipme=False)
+            admin.client_kill_filter(_id=client_id)
+        admin.close()
         client.xadd(stream, {PAYLOAD_FIELD: encode_request(_request(7, f"{key_prefix}reply"))})
         deliveries = consumer.read(count=1, block_ms=100)  # a new connection, transparently
         assert [d.message.request_id for d in deliveries] == ["r7"]
