@@ -171,9 +171,13 @@ async def handle_infer(
         asyncio.CancelledError: the connection was lost before the answer.
     """
     headers = dict(scope["headers"])
-    view, resolved = await dp.resolve_for_infer(model, version)  # unknown model: 404 first
-    raw = await _read_body(receive, headers, dp.settings.http.max_body_bytes)
-    parsed = _parse(dp, model, headers, raw)
+    try:
+        view, resolved = await dp.resolve_for_infer(model, version)  # unknown model: 404 first
+        raw = await _read_body(receive, headers, dp.settings.http.max_body_bytes)
+        parsed = _parse(dp, model, headers, raw)
+    except SluiceError as exc:  # refused before it had ids: one verbose line
+        dp.log_failure(request_id, "", model, version, exc)
+        raise
     future = _submit(dp, request_id, view, resolved, version, parsed)
     scope[REPLY_SCOPE_KEY] = future
     try:
@@ -284,14 +288,18 @@ class InferEndpoint:
         scope = cycle.scope
         model, version = route
         dp = self.dataplane
+        request_id = dp.next_request_id()
         try:
-            cached = dp.cached_view(model, version)
-            if cached is None:
-                fallback()
-                return False
-            request_id = dp.next_request_id()
-            headers = dict(scope["headers"])
-            parsed = _parse(dp, model, headers, body)
+            try:
+                cached = dp.cached_view(model, version)
+                if cached is None:
+                    fallback()
+                    return False
+                headers = dict(scope["headers"])
+                parsed = _parse(dp, model, headers, body)
+            except SluiceError as exc:  # refused before it had ids: one verbose line
+                dp.log_failure(request_id, "", model, version, exc)
+                raise
             future = _submit(dp, request_id, cached[0], cached[1], version, parsed)
         except Exception as exc:
             status, content = _failure(exc, model)

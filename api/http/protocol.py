@@ -156,14 +156,18 @@ class HttpProtocol(CoalescingHttpToolsProtocol):
             return  # the request was read whole; the next one arms the timer again
         now = self.loop.time()
         cycle = self.cycle  # the newest request whose head was read whole
-        if self.flow.read_paused or (
-            cycle is not None
-            and not cycle.response_complete
-            and (cycle.response_started or not cycle.more_body)
+        if (
+            self.flow.read_paused
+            or self.pipeline
+            or (
+                cycle is not None
+                and not cycle.response_complete
+                and (cycle.response_started or not cycle.more_body)
+            )
         ):
             # the server is the one to act: it stopped reading (flow control), or owes an
-            # answer (a request pipelined behind it waits its turn, and its 408 may only
-            # follow that answer), or is writing one
+            # answer to an earlier request (``pipeline``: requests waiting their turn behind
+            # it; a 408 may only follow that answer), or is writing one
             self._last_read = now
         left = self._last_read + self._read_timeout_s - now
         if left > 0:
@@ -186,6 +190,12 @@ class HttpProtocol(CoalescingHttpToolsProtocol):
             b"408 Request Timeout",
             b'{"error":"request not received whole: no bytes for %s s"}' % seconds.encode(),
         )
+
+    def on_response_complete(self) -> None:
+        """An answer went out: a request still incomplete behind it gets the whole read
+        timeout from now (the clock does not run while the gateway owes an answer)."""
+        self._last_read = self.loop.time()
+        super().on_response_complete()
 
     def _collect_upgrade_body(self, data: bytes) -> bytes:
         """Give the waiting ignored-upgrade request its body; returns what follows it."""

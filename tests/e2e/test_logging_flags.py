@@ -87,6 +87,15 @@ def test_log_flags_reach_gateway_and_workers(redis_url: str, tmp_path: Path) -> 
                 with contextlib.suppress(OSError):
                     while sock.recv(65536):
                         pass
+        # an infer refused before it is queued (bad JSON, unknown model) gets its line too
+        for path, body in (("raiser", b"{"), ("nope", b"{}")):
+            refused = requests.post(
+                f"{base}/v2/models/{path}/infer", data=body, timeout=5,
+                headers={"Content-Type": "application/json"},
+            )  # fmt: skip
+            assert refused.status_code in (400, 404)
+            found = _lines(log_file, f"(client id '') to model '{path}' version - failed:")
+            assert found and " gateway api.dataplane]" in found[0], path
         # libraries' info/debug chatter stays out at level 1 (grpcio wrote a line per call)
         import tritonclient.grpc as grpcclient
 
