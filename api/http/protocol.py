@@ -109,8 +109,6 @@ class HttpProtocol(CoalescingHttpToolsProtocol):
             self._last_read = self.loop.time()
 
     def _feed(self, data: bytes) -> None:
-        if self._discarding or self.transport.is_closing():
-            return
         if self._upgrade_body_left:
             data = self._collect_upgrade_body(data)
             if not data:

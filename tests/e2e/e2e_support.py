@@ -129,15 +129,19 @@ def build_autocomplete(repo: Path) -> None:
     _save(helper.make_model(graph, opset_imports=OPSET), repo / "auto_onnx/1/model.onnx")
 
 
-def load_examples() -> object:
-    """The example builders (``examples/build_models.py``) as a module."""
-    spec = importlib.util.spec_from_file_location(
-        "sluice_examples_build", ROOT / "examples/build_models.py"
-    )
+def load_module(relative_path: str, name: str) -> object:
+    """A script of the repository that is not in a package (``examples/``,
+    ``benchmarks/``), loaded as module ``name``."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / relative_path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_examples() -> object:
+    """The example builders (``examples/build_models.py``) as a module."""
+    return load_module("examples/build_models.py", "sluice_examples_build")
 
 
 @dataclass

@@ -2,21 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
-
-
-def _module() -> object:
-    spec = importlib.util.spec_from_file_location(
-        "bench_anchors", ROOT / "benchmarks/bench_anchors.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from e2e_support import load_module
 
 
 def test_the_least_disturbed_attempt_counts_for_both_generators(tmp_path: Path) -> None:
@@ -36,7 +25,7 @@ def test_the_least_disturbed_attempt_counts_for_both_generators(tmp_path: Path) 
     ]
     (tmp_path / "pa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pa))
     (tmp_path / "wrk.jsonl").write_text("".join(json.dumps(r) + "\n" for r in wrk))
-    rows = _module().load_rows(tmp_path)  # type: ignore[attr-defined]
+    rows = load_module("benchmarks/bench_anchors.py", "bench_anchors").load_rows(tmp_path)  # type: ignore[attr-defined]
     assert sorted((r["generator"], r["p50_us"]) for r in rows) == [
         ("perf_analyzer 2.60.0", 768),
         ("wrk", 666),
