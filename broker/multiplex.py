@@ -1,11 +1,12 @@
 """One Redis connection shared by every coroutine of a gateway process.
 
 Commands issued during one event-loop tick are written together (one write, one
-pipeline); replies come back in order on the same connection and resolve each
-caller's future. This is Redis pipelining applied across concurrent requests:
-at concurrency 32 one ``XADD`` write carries many requests, at concurrency 1 a
-command costs one write and one read callback instead of redis-py's
-pool checkout, retry wrapper and per-call timeout task.
+pipeline; in a tick that runs longer, every ``FLUSH_AFTER_NS``); replies come back
+in order on the same connection and resolve each caller's future. This is Redis
+pipelining applied across concurrent requests: at concurrency 32 one ``XADD``
+write carries many requests, at concurrency 1 a command costs one write and one
+read callback instead of redis-py's pool checkout, retry wrapper and per-call
+timeout task.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from broker.resp import pack_pipeline
 from broker.scripts import Script
 
 logger = logging.getLogger(__name__)
+
+#: a command queued while the oldest one waiting has waited this long (in ns) sends them
+#: all at once from the caller's stack, instead of at the next loop iteration.
+FLUSH_AFTER_NS = 200_000
 
 
 class MultiplexedConnection:
@@ -47,6 +52,7 @@ class MultiplexedConnection:
         self._timeout_ns = int(timeout_s * 1e9)
         self._conn: Any = None
         self._outbox: list[tuple[Sequence[object], asyncio.Future[Any]]] = []
+        self._outbox_since_ns = 0
         self._inflight: deque[asyncio.Future[Any]] = deque()
         self._wake = asyncio.Event()
         self._progress_ns = time.monotonic_ns()
@@ -84,8 +90,13 @@ class MultiplexedConnection:
         if not self._tasks:
             future.set_exception(redis.exceptions.ConnectionError("connection not started"))
             return future
-        self._outbox.append((args, future))
-        self._wake.set()
+        outbox = self._outbox
+        outbox.append((args, future))
+        if len(outbox) == 1:
+            self._outbox_since_ns = time.monotonic_ns()
+            self._wake.set()
+        elif time.monotonic_ns() - self._outbox_since_ns >= FLUSH_AFTER_NS:
+            self._send_now()
         return future
 
     async def script(self, script: Script, keys: list[str], args: list[object]) -> Any:
@@ -99,6 +110,34 @@ class MultiplexedConnection:
         except redis.exceptions.NoScriptError:
             await self.call("SCRIPT", "LOAD", script.body)
             return await self.call(*script.command(keys, args))
+
+    def _send_now(self) -> None:
+        """Write the outbox from the caller's stack.
+
+        One loop iteration can run for milliseconds (a gateway parsing dozens of requests
+        that arrived together); the writer task would send their commands only after all
+        of them, while model instances sit idle (MLP at 32 clients: the first queued
+        ``XADD`` waited 0.5-0.7 ms at p50 and 2 ms at p90). Sent only on a connection whose
+        reader runs (so its handshake is over) and whose write buffer is empty; otherwise
+        the writer task sends them as usual.
+        """
+        conn = self._conn
+        writer = getattr(conn, "_writer", None)  # redis-py's asyncio.StreamWriter
+        if (
+            self._reader is None
+            or writer is None
+            or writer.is_closing()
+            or writer.transport.get_write_buffer_size()
+        ):
+            return
+        batch = [(args, f) for args, f in self._outbox if not f.done()]
+        self._outbox = []
+        if not batch:
+            return
+        if not self._inflight:
+            self._progress_ns = time.monotonic_ns()
+        self._inflight.extend(f for _, f in batch)
+        writer.write(pack_pipeline([args for args, _ in batch]))
 
     # -- tasks -------------------------------------------------------------------------------
 

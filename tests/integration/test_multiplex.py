@@ -27,6 +27,30 @@ async def test_concurrent_calls_get_their_own_replies(connection: MultiplexedCon
     assert replies == values
 
 
+async def test_a_long_loop_iteration_sends_its_commands_as_it_goes(
+    connection: MultiplexedConnection, redis_url: str, key_prefix: str
+) -> None:
+    """Commands queued over more than ``FLUSH_AFTER_NS`` of one loop iteration leave
+    without waiting for the iteration's end (a gateway parsing a burst of requests must
+    not hold back their ``XADD`` while instances idle); every reply still reaches its
+    own caller, in order."""
+    key = f"{key_prefix}burst"
+    await connection.call("PING")  # connected, reader running
+    observer = redis.Redis.from_url(redis_url)
+    futures = [connection.call("RPUSH", key, "a")]  # no await until the end: one iteration
+    time.sleep(0.0003)
+    futures.append(connection.call("RPUSH", key, "b"))  # the oldest waited > 200 µs: sent
+    futures.append(connection.call("RPUSH", key, "c"))  # waits for the iteration's end
+    deadline = time.monotonic() + 2
+    while observer.llen(key) < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    time.sleep(0.05)
+    assert observer.lrange(key, 0, -1) == [b"a", b"b"]
+    assert await asyncio.gather(*futures) == [1, 2, 3]
+    assert observer.lrange(key, 0, -1) == [b"a", b"b", b"c"]
+    observer.close()
+
+
 async def test_error_reply_fails_only_its_own_call(
     connection: MultiplexedConnection, key_prefix: str
 ) -> None:
