@@ -62,6 +62,7 @@ class StreamConsumer:
         self.streams = list(streams)
         self.consumer = consumer
         self._stream_args = [*self.streams, *(">" for _ in self.streams)]
+        self._pending_args = [*self.streams, *("0" for _ in self.streams)]
         #: finish commands held back to travel with the next read (see ``finish(defer=True)``)
         self._deferred: list[tuple[object, ...]] = []
 
@@ -70,7 +71,7 @@ class StreamConsumer:
         for stream in self.streams:
             ensure_group(self._redis, stream)
 
-    def read(self, count: int, block_ms: int | None) -> list[Delivery]:
+    def read(self, count: int, block_ms: int | None, own_pending: bool = False) -> list[Delivery]:
         """Take up to ``count`` new entries per stream.
 
         Deferred finish commands go first, in the same write.
@@ -78,27 +79,46 @@ class StreamConsumer:
         Args:
             count: most entries per stream.
             block_ms: wait at most this long (≥ 1 ms) for an entry; ``None`` = do not wait.
+            own_pending: read this consumer's pending entries instead of new ones
+                (``XREADGROUP`` with id ``0``; their :attr:`Delivery.deliveries` is 1,
+                though Redis counts one more delivery).
 
         Raises:
             redis.exceptions.RedisError: Redis unreachable, or a deferred finish failed.
+                When Redis is unreachable the deferred commands are kept for the next
+                read or :meth:`flush`.
         """
         block = () if block_ms is None else ("BLOCK", max(1, block_ms))
+        ids = self._pending_args if own_pending else self._stream_args
         read = (
             "XREADGROUP", "GROUP", WORKER_GROUP, self.consumer, "COUNT", count, *block,
-            "STREAMS", *self._stream_args,
+            "STREAMS", *ids,
         )  # fmt: skip
-        commands, self._deferred = [*self._deferred, read], []
-        return self._decode(self._run(commands)[-1])
+        return self._decode(self._run_deferred(read)[-1])
 
     def flush(self) -> None:
         """Send the deferred finish commands now (before a new execution, before stopping).
 
         Raises:
-            redis.exceptions.RedisError: Redis unreachable or a script failed.
+            redis.exceptions.RedisError: Redis unreachable (the commands are kept for the
+                next read or flush) or a script failed.
         """
         if self._deferred:
-            commands, self._deferred = self._deferred, []
-            self._run(commands)
+            self._run_deferred()
+
+    def _run_deferred(self, *more: tuple[object, ...]) -> list[object]:
+        """The deferred commands and ``more`` in one round trip. When Redis cannot be
+        reached the deferred ones are kept (they may have run: replies are dropped as
+        duplicates by the gateway, ``XACK``/``XDEL`` are idempotent, only statistics may
+        count twice) and the connection is dropped, so that no reply of the lost round
+        trip is read as one of the next."""
+        deferred, self._deferred = self._deferred, []
+        try:
+            return self._run([*deferred, *more])
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            self._deferred = [*deferred, *self._deferred]
+            self._direct.close()
+            raise
 
     def read_own_pending(self, count: int = 1000) -> list[Delivery]:
         """Entries this consumer name was given but never acknowledged (a restarted instance).

@@ -5,7 +5,10 @@ server with the same key prefix left, at exit it marks every version unloaded. T
 supervisors on one prefix would undo each other, so the second one refuses to start
 while the first holds the lease (``SET key owner NX PX``), renewed by a thread every
 :data:`RENEW_S` and released at a clean exit; after a crash it lapses within
-:data:`LEASE_MS`. Gateways and instances started on their own (scale-out) take no lease.
+:data:`LEASE_MS`. A lease that lapsed while its server lives (Redis stalled past
+:data:`LEASE_MS`, or restarted without its data) is taken back at the next renewal,
+unless another server took it meanwhile. Gateways and instances started on their own
+(scale-out) take no lease.
 """
 
 from __future__ import annotations
@@ -22,8 +25,14 @@ LEASE_MS = 5000
 #: renewal period, in s.
 RENEW_S = 1.0
 
+#: 1: renewed; 2: it had lapsed and was taken back; 0: another server holds it.
 _RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+if not holder then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 2
+end
 return 0
 """
 _RELEASE = """
@@ -69,16 +78,27 @@ class DeploymentLease:
         self._thread.start()
 
     def _renew_forever(self) -> None:
+        lost = False
         while not self._stop.wait(RENEW_S):
             try:
-                if not self._renew(keys=[self._key], args=[self.owner, LEASE_MS]):
-                    logger.error(
-                        "the deployment lease %s was lost (held by %s now)",
-                        self._key,
-                        self._client.get(self._key),
-                    )
+                outcome = self._renew(keys=[self._key], args=[self.owner, LEASE_MS])
             except redis.exceptions.RedisError as exc:
                 logger.warning("cannot renew the deployment lease: %s", exc)
+                continue
+            if outcome == 2:
+                logger.warning(
+                    "the deployment lease %s had lapsed (Redis stalled or lost its data); "
+                    "taken back",
+                    self._key,
+                )
+            elif outcome == 0 and not lost:
+                logger.error(
+                    "the deployment lease %s was lost: %s holds it now; two servers on one "
+                    "key prefix undo each other's state",
+                    self._key,
+                    self._client.get(self._key),
+                )
+            lost = outcome == 0
 
     def release(self) -> None:
         """Stop renewing and delete the lease if this server still holds it."""

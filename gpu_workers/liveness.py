@@ -6,6 +6,11 @@ does not stop it). Between batches, the instance loop asks :meth:`Liveness.recov
 for work: every ``recover_interval_s`` it looks for instances whose heartbeat is
 older than ``stale_after_s`` (or that reported STOPPED / UNAVAILABLE) and claims
 their pending entries (``XCLAIM``), so a SIGKILLed instance loses no request.
+
+Heartbeats are wall-clock times, so a Redis that stalls or restarts makes every
+instance's heartbeat look old at once. An instance whose own heartbeat write failed
+or took longer than ``beat_interval_s`` therefore claims nothing for ``stale_after_s``
+after it: long enough for every live instance to beat again.
 """
 
 from __future__ import annotations
@@ -57,6 +62,10 @@ class Liveness:
         self._beat_s = beat_interval_s
         self._recover_ns = int(recover_interval_s * 1e9)
         self._next_recover_ns = 0
+        #: monotonic ns of the last Redis call here that failed or was slow (0: none)
+        self._disrupted_ns = 0
+        #: monotonic ns when the heartbeat write in progress started (0: none)
+        self._beat_started_ns = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._beat_forever, name="sluice-heartbeat", daemon=True
@@ -84,10 +93,32 @@ class Liveness:
 
     def _beat_forever(self) -> None:
         while not self._stop.wait(self._beat_s):
+            started = self._beat_started_ns = time.monotonic_ns()
             try:
                 self.beat()
             except redis.exceptions.RedisError as exc:
                 logger.warning("heartbeat failed: %s", exc)
+                self._disrupted_ns = time.monotonic_ns()
+                continue
+            finally:
+                self._beat_started_ns = 0
+            if time.monotonic_ns() - started > self._beat_s * 1e9:
+                logger.warning(
+                    "heartbeat took %.1f s: not taking other instances for dead for %.1f s",
+                    (time.monotonic_ns() - started) / 1e9,
+                    self._stale_ns / 1e9,
+                )
+                self._disrupted_ns = time.monotonic_ns()
+
+    def in_grace(self) -> bool:
+        """Whether Redis stalled or failed for this instance within ``stale_after_s`` (a
+        heartbeat write failed, took longer than ``beat_interval_s``, or is taking that
+        long now): then every other heartbeat may look old only because of Redis."""
+        now = time.monotonic_ns()
+        started = self._beat_started_ns
+        if started and now - started > self._beat_s * 1e9:
+            self._disrupted_ns = now
+        return bool(self._disrupted_ns) and now - self._disrupted_ns < self._stale_ns
 
     def recover(self) -> list[Delivery]:
         """Claim the pending entries of dead instances (at most every ``recover_interval_s``)."""
@@ -97,7 +128,13 @@ class Liveness:
         self._next_recover_ns = now + self._recover_ns
         claimed: list[Delivery] = []
         try:
-            for name, info in self._store.instances(self._model, self._version).items():
+            started = time.monotonic_ns()
+            instances = self._store.instances(self._model, self._version)
+            if time.monotonic_ns() - started > self._beat_s * 1e9:
+                self._disrupted_ns = time.monotonic_ns()  # the read itself waited on Redis
+            if self.in_grace():
+                return claimed
+            for name, info in instances.items():
                 if name == self._instance:
                     continue
                 beat = int(info.get("heartbeat_ns", 0))
@@ -108,4 +145,5 @@ class Liveness:
                     claimed.extend(self._consumer.claim_from(name, min_idle_ms=0))
         except redis.exceptions.RedisError as exc:
             logger.warning("pending-entry recovery failed: %s", exc)
+            self._disrupted_ns = time.monotonic_ns()
         return claimed

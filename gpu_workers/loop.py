@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import redis.exceptions
 
 from batching import Batch, DynamicBatcher, Pending, Rejected
 from broker.consumer import Delivery, StreamConsumer
@@ -37,6 +38,9 @@ logger = logging.getLogger(__name__)
 HEARTBEAT_MS = 200
 #: an entry handed out more often than this (its instance died each time) is failed.
 MAX_DELIVERIES = 2
+#: first and longest wait between attempts to reach a lost Redis again, in s.
+REDIS_RETRY_MIN_S = 0.05
+REDIS_RETRY_MAX_S = 2.0
 #: longest local sleep between two non-blocking reads inside a delay window, in ns.
 POLL_NS = 500_000
 #: a stopping instance leaves once its streams stayed empty this long, in ns.
@@ -125,14 +129,61 @@ class InstanceLoop:
     # -- the loop ----------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Loop until :attr:`stopping` is set, then run what is held and return."""
+        """Loop until :attr:`stopping` is set, then run what is held and return.
+
+        A Redis that cannot be reached (connection lost, restarted, stalled past the
+        client's socket timeout) is tried again with backoff up to
+        :data:`REDIS_RETRY_MAX_S` while the instance keeps its model loaded and the
+        requests it holds; once Redis answers, :meth:`_resume` sends the deferred
+        answers and takes back the entries a lost read had delivered. A consumer group
+        that vanished (a Redis restarted without its data) is created again.
+        """
         self.admit(self._consumer.read_own_pending())
         try:
+            lost_since = 0.0
+            backoff_s = REDIS_RETRY_MIN_S
             while not self.stopping.is_set():
-                self.step()
+                try:
+                    if lost_since:
+                        self._resume()
+                        logger.warning(
+                            "model '%s': Redis answers again after %.1f s",
+                            self._model,
+                            time.monotonic() - lost_since,
+                        )
+                        lost_since, backoff_s = 0.0, REDIS_RETRY_MIN_S
+                    self.step()
+                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                    if not lost_since:
+                        lost_since = time.monotonic()
+                        logger.warning(
+                            "model '%s': Redis unreachable (%s); trying again", self._model, exc
+                        )
+                    self.stopping.wait(backoff_s)
+                    backoff_s = min(backoff_s * 2, REDIS_RETRY_MAX_S)
+                except redis.exceptions.ResponseError as exc:
+                    if "NOGROUP" not in str(exc):
+                        raise
+                    logger.warning(
+                        "model '%s': consumer group missing (Redis lost its data?); "
+                        "creating it again",
+                        self._model,
+                    )
+                    self._consumer.ensure_groups()
             self.drain()
         finally:
             self._consumer.flush()
+
+    def _resume(self) -> None:
+        """After Redis was unreachable: send the deferred answers and acknowledgements,
+        then admit this instance's pending entries (a read whose reply was lost delivered
+        them; those already held are skipped).
+
+        Raises:
+            redis.exceptions.RedisError: Redis still unreachable.
+        """
+        self._consumer.flush()
+        self.admit(self._consumer.read(count=1000, block_ms=None, own_pending=True))
 
     def step(self) -> None:
         """One iteration: expire, run a ready batch, or read more (bounded wait)."""

@@ -169,6 +169,27 @@ class ModelManager:
             for instances in model.versions.values():
                 yield from instances
 
+    def republish(self) -> None:
+        """Publish again what Redis lost (it restarted without its data): the repository
+        index, and for every loaded model its config, the config its instances start
+        with, its versions' consumer groups and READY states. The instances write their
+        own records again with their next heartbeat.
+
+        Raises:
+            redis.exceptions.RedisError: Redis unreachable.
+        """
+        self.scan()
+        for model in self.loaded.values():
+            config_json = json_format.MessageToJson(model.config)
+            self._redis.set(self._keys.staged_config(model.name, model.generation), config_json)
+            self._store.publish_config(model.name, config_json)
+            policy = scheduling_policy(model.config)
+            for version in model.versions:
+                layout = StreamLayout(self._keys, model.name, version, policy)
+                for stream in layout.streams():
+                    ensure_group(self._redis, stream)
+                self._store.set_state(model.name, version, VersionState(ModelState.READY))
+
     # -- load -------------------------------------------------------------------------------
 
     def load_many(self, names: Sequence[str]) -> list[str]:

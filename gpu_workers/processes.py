@@ -48,6 +48,8 @@ class Instance:
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     started_at: float = 0.0
+    exited_at: float = 0.0
+    """When the supervisor saw the process gone (monotonic s; 0 while it runs)."""
 
 
 class Spawner:
@@ -107,6 +109,7 @@ class Spawner:
             ]
         )
         instance.started_at = time.monotonic()
+        instance.exited_at = 0.0
 
 
 def terminate(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float) -> None:

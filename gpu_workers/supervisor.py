@@ -44,6 +44,10 @@ logger = logging.getLogger(__name__)
 WATCH_MS = 200
 #: a gateway that exits within this many seconds of its start failed to start, in s.
 GATEWAY_SETTLED_S = 10.0
+#: an instance that ran this long before it died is restarted without backoff, in s.
+INSTANCE_SETTLED_S = 10.0
+#: how often the supervisor checks that Redis still holds the deployment's state, in s.
+STATE_CHECK_S = 1.0
 #: consecutive failed starts of one gateway after which ``sluice serve`` gives up.
 GATEWAY_START_ATTEMPTS = 3
 
@@ -199,7 +203,11 @@ class Supervisor:
         restarts = [0] * len(self.gateways)
         started = [time.monotonic()] * len(self.gateways)
         next_poll = time.monotonic() + self.options.repository_poll_s
+        next_check = time.monotonic() + STATE_CHECK_S
         while not self._stopping:
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + STATE_CHECK_S
+                self._republish_if_lost()
             for index, gateway in enumerate(self.gateways):
                 if gateway is None or gateway.poll() is None:
                     continue
@@ -225,11 +233,33 @@ class Supervisor:
                 next_poll = time.monotonic() + self.options.repository_poll_s
             self._serve_commands()
 
+    def _republish_if_lost(self) -> None:
+        """Publish the deployment's state again when Redis lost it (restarted without its
+        data: the server record is gone), so the gateways know the models again."""
+        try:
+            if self.client.exists(self.keys.server()):
+                return
+            logger.warning(
+                "Redis lost this deployment's state (restarted without its data?); "
+                "publishing it again"
+            )
+            ensure_control_group(self.client, self.keys.control())
+            self.manager.republish()
+            self.store.set_server(
+                startup="done", model_control_mode=self.options.model_control_mode
+            )
+        except redis.exceptions.RedisError as exc:
+            logger.warning("cannot check the deployment's state in Redis: %s", exc)
+
     def _restart_dead_instances(self) -> None:
         for instance in list(self.manager.instances()):
             process = instance.process
             if process is None or process.poll() is None:
                 continue
+            if not instance.exited_at:
+                instance.exited_at = time.monotonic()
+                if instance.exited_at - instance.started_at >= INSTANCE_SETTLED_S:
+                    instance.restarts = 0  # it served a while: restart it at once
             delay = min(30.0, 0.5 * 2 ** min(instance.restarts, 6))
             if time.monotonic() - instance.started_at < delay:
                 continue

@@ -1,0 +1,265 @@
+"""A Redis that stalls or restarts under load: nothing runs twice, nothing is mixed up,
+and the server serves again by itself (each test has a private redis-server to disturb)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+import tritonclient.http as httpclient
+from e2e_support import start_server, stop_server
+from tritonclient.utils import InferenceServerException
+
+from broker.redis_server import free_port, redis_answers
+
+pytestmark = pytest.mark.e2e
+
+LEDGER_MODEL = """
+import json
+import os
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        sleep_ms = max(float(json.loads(r.parameters()).get("sleep_ms", 0)) for r in requests)
+        time.sleep(sleep_ms / 1000.0)
+        responses = []
+        with open(os.path.join(os.environ["LEDGER_DIR"], f"{os.getpid()}.log"), "a") as log:
+            for request in requests:
+                data = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+                log.write(" ".join(str(int(v)) for v in data.ravel()) + "\\n")
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", data * 2)]))
+        return responses
+"""
+
+
+class PrivateRedis:
+    """A redis-server on a fixed port that a test may stop, freeze and restart."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.workdir = tempfile.mkdtemp(prefix="sluice-disrupt-")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self.workdir, "--loglevel", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 10
+        while not redis_answers(self.url, 0.2):
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.kill()
+            self.process.wait(10)
+
+
+@pytest.fixture
+def private_redis() -> Iterator[PrivateRedis]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    server = PrivateRedis()
+    server.start()
+    yield server
+    server.stop()
+    shutil.rmtree(server.workdir, ignore_errors=True)
+
+
+def _ledger_repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    (repo / "ledger/1").mkdir(parents=True)
+    (repo / "ledger/1/model.py").write_text(LEDGER_MODEL)
+    (repo / "ledger/config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 8\n'
+        'input [ { name: "IN", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
+        "instance_group [ { kind: KIND_CPU, count: 2 } ]\n"
+        "dynamic_batching { max_queue_delay_microseconds: 1000 }\n"
+    )
+    (tmp_path / "ledger").mkdir()
+    return repo
+
+
+def _executions(tmp_path: Path) -> Counter[int]:
+    counts: Counter[int] = Counter()
+    for log in (tmp_path / "ledger").glob("*.log"):
+        for line in log.read_text().split():
+            counts[int(line)] += 1
+    return counts
+
+
+def _infer(client: httpclient.InferenceServerClient, value: int) -> float:
+    tensor = httpclient.InferInput("IN", [1, 1], "FP32")
+    tensor.set_data_from_numpy(np.array([[value]], np.float32))
+    result = client.infer("ledger", [tensor], parameters={"sleep_ms": 100})
+    return float(result.as_numpy("OUT")[0][0])
+
+
+def _load_while(server, disturb, seconds: float = 12.0) -> dict[int, object]:
+    """Six clients send distinct values for ``seconds``; ``disturb()`` runs 2 s in.
+    Returns value -> answer (OUT, or the exception)."""
+    results: dict[int, object] = {}
+    lock = threading.Lock()
+    stop_at = time.monotonic() + seconds
+
+    def client_loop(worker: int) -> None:
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+        i = 0
+        try:
+            while time.monotonic() < stop_at:
+                value = worker * 10000 + i
+                try:
+                    answer: object = _infer(client, value)
+                except InferenceServerException as exc:
+                    answer = exc
+                with lock:
+                    results[value] = answer
+                i += 1
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=client_loop, args=(w,)) for w in range(6)]
+    for thread in threads:
+        thread.start()
+    time.sleep(2.0)
+    disturb()
+    for thread in threads:
+        thread.join(90)
+    assert not any(t.is_alive() for t in threads), "a request hung"
+    return results
+
+
+def test_a_redis_stall_past_the_heartbeat_bound_runs_nothing_twice(
+    private_redis: PrivateRedis, tmp_path: Path
+) -> None:
+    """Redis frozen for 6.5 s (SIGSTOP), longer than the 5 s after which an instance whose
+    heartbeat is that old is taken for dead, while two instances hold batches: no
+    instance claims the other's work, every request is answered with its own output,
+    and each ran exactly once."""
+    server = start_server(
+        _ledger_repo(tmp_path), private_redis.url, tmp_path / "serve.log",
+        env={"LEDGER_DIR": str(tmp_path / "ledger")},
+    )  # fmt: skip
+
+    def freeze() -> None:
+        assert private_redis.process is not None
+        os.kill(private_redis.process.pid, signal.SIGSTOP)
+        time.sleep(6.5)
+        os.kill(private_redis.process.pid, signal.SIGCONT)
+
+    try:
+        results = _load_while(server, freeze)
+        log = server.log()
+    finally:
+        stop_server(server)
+    assert len(results) > 30
+    wrong = {v: a for v, a in results.items() if a != 2.0 * v}
+    assert not wrong, list(wrong.items())[:3]
+    executions = _executions(tmp_path)
+    twice = {v: n for v, n in executions.items() if n > 1}
+    assert not twice, (twice, [line for line in log.splitlines() if "claimed" in line])
+    assert set(executions) == set(results)
+    assert "claimed" not in log
+
+
+def test_a_redis_restart_that_keeps_its_data_loses_and_repeats_nothing(
+    private_redis: PrivateRedis, tmp_path: Path
+) -> None:
+    """Redis saved and restarted (down ~1.5 s) under load: the instances keep running
+    (no process restarts), requests in flight are answered with their own outputs or,
+    sent while Redis was down, refused; nothing runs twice."""
+    server = start_server(
+        _ledger_repo(tmp_path), private_redis.url, tmp_path / "serve.log",
+        env={"LEDGER_DIR": str(tmp_path / "ledger")},
+    )  # fmt: skip
+
+    def restart() -> None:
+        with contextlib.suppress(redis.exceptions.ConnectionError):
+            redis.Redis.from_url(private_redis.url).shutdown(save=True)
+        assert private_redis.process is not None
+        private_redis.process.wait(10)
+        time.sleep(1.5)
+        private_redis.start()  # loads the dump it saved
+
+    try:
+        results = _load_while(server, restart)
+        log = server.log()
+    finally:
+        stop_server(server)
+    answered = {v: a for v, a in results.items() if not isinstance(a, Exception)}
+    assert len(answered) > 30
+    assert all(a == 2.0 * v for v, a in answered.items())
+    refused = [str(a) for a in results.values() if isinstance(a, Exception)]
+    assert all("unavailable" in r.lower() for r in refused), refused[:3]
+    assert len(refused) <= 12, refused
+    executions = _executions(tmp_path)
+    assert not {v: n for v, n in executions.items() if n > 1}
+    assert set(answered) <= set(executions)
+    assert "exited with code" not in log, log[-3000:]
+
+
+def test_a_redis_restarted_without_its_data_is_served_again(
+    private_redis: PrivateRedis, tmp_path: Path
+) -> None:
+    """Redis restarted empty (no persistence): within seconds the model is known and
+    served again, by the instances that kept running; the lease is held again."""
+    server = start_server(
+        _ledger_repo(tmp_path), private_redis.url, tmp_path / "serve.log",
+        env={"LEDGER_DIR": str(tmp_path / "ledger")},
+    )  # fmt: skip
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=30)
+    try:
+        assert _infer(client, 7) == 14.0
+        private_redis.stop()
+        private_redis.start()  # same port, no data
+        restarted = time.monotonic()
+        answer: object = None
+        while time.monotonic() - restarted < 20:
+            try:
+                answer = _infer(client, 21)
+                break
+            except InferenceServerException as exc:
+                answer = exc
+                time.sleep(0.2)
+        assert answer == 42.0, (answer, server.log()[-3000:])
+        recovered_s = time.monotonic() - restarted
+        assert recovered_s < 10, recovered_s
+        deadline = time.monotonic() + 5  # the instances' next heartbeats make them live
+        while not client.is_model_ready("ledger") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert client.is_model_ready("ledger")
+        assert "ledger" in {m["name"] for m in client.get_model_repository_index()}
+        keys = redis.Redis.from_url(private_redis.url)
+        lease = f"{server.key_prefix}deployment"
+        deadline = time.monotonic() + 5  # renewed every second: taken back
+        while keys.get(lease) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert keys.get(lease) is not None
+        keys.close()
+        log = server.log()
+    finally:
+        client.close()
+        stop_server(server)
+    assert "publishing it again" in log
+    assert "exited with code" not in log, log[-3000:]
