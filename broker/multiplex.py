@@ -211,8 +211,11 @@ class MultiplexedConnection:
                 await self._reset(redis.exceptions.TimeoutError("Timeout reading from Redis"))
 
     async def _reset(self, exc: BaseException) -> None:
-        """Drop the connection and fail the commands in flight."""
-        self._fail_all(_as_redis_error(exc), outbox=False)
+        """Drop the connection and fail the commands in flight (their error says they were
+        sent, so they may have run: an ``XADD`` may still be executed by an instance)."""
+        error = _as_redis_error(exc)
+        sent = type(error)(f"{error} (sent before the connection was lost: it may have run)")
+        self._fail_all(sent, outbox=False)
         if self._outbox:
             self._wake.set()  # queued after the failure: sent on a new connection
         reader, self._reader = self._reader, None

@@ -81,7 +81,7 @@ async def test_killed_connection_fails_waiters_then_reconnects(
     finally:
         admin.close()
     started = time.monotonic()
-    with pytest.raises(redis.exceptions.ConnectionError):
+    with pytest.raises(redis.exceptions.ConnectionError, match="sent before the connection"):
         await asyncio.wait_for(blocked, 5)
     assert time.monotonic() - started < 5
     assert await connection.call("ECHO", b"after") == b"after"
