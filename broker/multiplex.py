@@ -130,14 +130,21 @@ class MultiplexedConnection:
             or writer.transport.get_write_buffer_size()
         ):
             return
-        batch = [(args, f) for args, f in self._outbox if not f.done()]
-        self._outbox = []
-        if not batch:
-            return
+        batch = self._take_outbox()
+        if batch:
+            writer.write(self._send_order(batch))
+
+    def _take_outbox(self) -> list[tuple[Sequence[object], asyncio.Future[Any]]]:
+        """Empty the outbox; commands whose caller stopped waiting are not sent."""
+        batch, self._outbox = self._outbox, []
+        return [(args, f) for args, f in batch if not f.done()]
+
+    def _send_order(self, batch: list[tuple[Sequence[object], asyncio.Future[Any]]]) -> bytes:
+        """Mark ``batch`` in flight (its replies come back in this order) and pack it."""
         if not self._inflight:
             self._progress_ns = time.monotonic_ns()
         self._inflight.extend(f for _, f in batch)
-        writer.write(pack_pipeline([args for args, _ in batch]))
+        return pack_pipeline([args for args, _ in batch])
 
     # -- tasks -------------------------------------------------------------------------------
 
@@ -145,17 +152,13 @@ class MultiplexedConnection:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            batch, self._outbox = self._outbox, []
-            batch = [(args, f) for args, f in batch if not f.done()]
+            batch = self._take_outbox()
             if not batch:
                 continue
             try:
                 conn = await self._connected()
-                packed = [pack_pipeline([args for args, _ in batch])]
-                if not self._inflight:
-                    self._progress_ns = time.monotonic_ns()
-                self._inflight.extend(f for _, f in batch)
-                await conn.send_packed_command(packed, check_health=False)
+                packed = self._send_order(batch)
+                await conn.send_packed_command([packed], check_health=False)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

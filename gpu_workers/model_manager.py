@@ -183,11 +183,8 @@ class ModelManager:
             config_json = json_format.MessageToJson(model.config)
             self._redis.set(self._keys.staged_config(model.name, model.generation), config_json)
             self._store.publish_config(model.name, config_json)
-            policy = scheduling_policy(model.config)
             for version in model.versions:
-                layout = StreamLayout(self._keys, model.name, version, policy)
-                for stream in layout.streams():
-                    ensure_group(self._redis, stream)
+                self._ensure_groups(model.name, version, model.config)
                 self._store.set_state(model.name, version, VersionState(ModelState.READY))
 
     # -- load -------------------------------------------------------------------------------
@@ -332,11 +329,15 @@ class ModelManager:
         for version in loaded.versions:
             if previous is None or version not in previous.versions:
                 self._store.set_state(name, version, VersionState(ModelState.LOADING))
-            layout = StreamLayout(self._keys, name, version, scheduling_policy(loaded.config))
-            for stream in layout.streams():
-                ensure_group(self._redis, stream)
+            self._ensure_groups(name, version, loaded.config)
             model.versions[version] = self._start_version(model, version, config_key)
         return model
+
+    def _ensure_groups(self, name: str, version: int, config: ModelConfig) -> None:
+        """Create the consumer group (and stream) of every priority level of a version."""
+        layout = StreamLayout(self._keys, name, version, scheduling_policy(config))
+        for stream in layout.streams():
+            ensure_group(self._redis, stream)
 
     def _start_version(self, model: LoadedModel, version: int, config_key: str) -> list[Instance]:
         suffix = f"_g{model.generation}" if model.generation > 1 else ""

@@ -14,8 +14,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -402,3 +404,49 @@ def read_http_responses(
         responses.append((status, headers, raw[:length]))
         raw = raw[length:]
     return responses
+
+
+def load_while(
+    http_url: str,
+    infer: Callable[[object, int], object],
+    disturb: Callable[[], None],
+    seconds: float,
+    clients: int = 6,
+) -> dict[int, object]:
+    """``clients`` threads call ``infer(client, value)`` with distinct values (worker ×
+    10000 + sequence) on tritonclient.http clients for ``seconds``; ``disturb()`` runs
+    2 s in. Returns value -> answer (what ``infer`` returned, or the
+    ``InferenceServerException``). Fails when a request is still open 90 s after the end.
+    """
+    from tritonclient.http import InferenceServerClient
+    from tritonclient.utils import InferenceServerException
+
+    results: dict[int, object] = {}
+    lock = threading.Lock()
+    stop_at = time.monotonic() + seconds
+
+    def client_loop(worker: int) -> None:
+        client = InferenceServerClient(http_url, network_timeout=60)
+        i = 0
+        try:
+            while time.monotonic() < stop_at:
+                value = worker * 10000 + i
+                try:
+                    answer: object = infer(client, value)
+                except InferenceServerException as exc:
+                    answer = exc
+                with lock:
+                    results[value] = answer
+                i += 1
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=client_loop, args=(w,)) for w in range(clients)]
+    for thread in threads:
+        thread.start()
+    time.sleep(2.0)
+    disturb()
+    for thread in threads:
+        thread.join(90)
+    assert not any(t.is_alive() for t in threads), "a request hung"
+    return results

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import redis
 import tritonclient.http as httpclient
+from e2e_support import load_while
 from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.e2e
@@ -193,38 +194,14 @@ def test_killed_instance_loses_no_request(server) -> None:
     r.close()
     assert len(instances) == 2
     victim = next(iter(instances.values()))["pid"]
-    stop = time.monotonic() + 6.0
-    results: list[tuple[float, object]] = []
-    lock = threading.Lock()
+    def infer(client: httpclient.InferenceServerClient, value: int) -> float:
+        out = client.infer(
+            "slow_pair", _slow_input(float(value)), parameters={"sleep_ms": 40}
+        ).as_numpy("OUT")
+        return float(out[0][0])
 
-    def client_loop(worker: int) -> None:
-        client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
-        i = 0
-        try:
-            while time.monotonic() < stop:
-                value = float(worker * 1000 + i)
-                try:
-                    out = client.infer(
-                        "slow_pair", _slow_input(value), parameters={"sleep_ms": 40}
-                    ).as_numpy("OUT")
-                    answer: object = float(out[0][0])
-                except InferenceServerException as exc:
-                    answer = exc
-                with lock:
-                    results.append((value, answer))
-                i += 1
-        finally:
-            client.close()
-
-    threads = [threading.Thread(target=client_loop, args=(w,)) for w in range(6)]
-    for thread in threads:
-        thread.start()
-    time.sleep(2.0)
-    os.kill(victim, signal.SIGKILL)
-    for thread in threads:
-        thread.join(90)
-    assert not any(t.is_alive() for t in threads), "a request hung"
+    results = load_while(server.http_url, infer, lambda: os.kill(victim, signal.SIGKILL), 6.0)
     assert len(results) > 20
-    errors = [(v, a) for v, a in results if not isinstance(a, float)]
+    errors = [(v, a) for v, a in results.items() if not isinstance(a, float)]
     assert not errors, errors[:3]
-    assert all(value == answer for value, answer in results)
+    assert all(value == answer for value, answer in results.items())

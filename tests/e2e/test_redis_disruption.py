@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 import redis
 import tritonclient.http as httpclient
-from e2e_support import start_server, stop_server
+from e2e_support import load_while, start_server, stop_server
 from tritonclient.utils import InferenceServerException
 
 from broker.redis_server import free_port, redis_answers
@@ -116,40 +115,6 @@ def _infer(client: httpclient.InferenceServerClient, value: int) -> float:
     return float(result.as_numpy("OUT")[0][0])
 
 
-def _load_while(server, disturb, seconds: float = 12.0) -> dict[int, object]:
-    """Six clients send distinct values for ``seconds``; ``disturb()`` runs 2 s in.
-    Returns value -> answer (OUT, or the exception)."""
-    results: dict[int, object] = {}
-    lock = threading.Lock()
-    stop_at = time.monotonic() + seconds
-
-    def client_loop(worker: int) -> None:
-        client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
-        i = 0
-        try:
-            while time.monotonic() < stop_at:
-                value = worker * 10000 + i
-                try:
-                    answer: object = _infer(client, value)
-                except InferenceServerException as exc:
-                    answer = exc
-                with lock:
-                    results[value] = answer
-                i += 1
-        finally:
-            client.close()
-
-    threads = [threading.Thread(target=client_loop, args=(w,)) for w in range(6)]
-    for thread in threads:
-        thread.start()
-    time.sleep(2.0)
-    disturb()
-    for thread in threads:
-        thread.join(90)
-    assert not any(t.is_alive() for t in threads), "a request hung"
-    return results
-
-
 def test_a_redis_stall_past_the_heartbeat_bound_runs_nothing_twice(
     private_redis: PrivateRedis, tmp_path: Path
 ) -> None:
@@ -169,7 +134,7 @@ def test_a_redis_stall_past_the_heartbeat_bound_runs_nothing_twice(
         os.kill(private_redis.process.pid, signal.SIGCONT)
 
     try:
-        results = _load_while(server, freeze)
+        results = load_while(server.http_url, _infer, freeze, 12.0)
         log = server.log()
     finally:
         stop_server(server)
@@ -203,7 +168,7 @@ def test_a_redis_restart_that_keeps_its_data_loses_and_repeats_nothing(
         private_redis.start()  # loads the dump it saved
 
     try:
-        results = _load_while(server, restart)
+        results = load_while(server.http_url, _infer, restart, 12.0)
         log = server.log()
     finally:
         stop_server(server)
