@@ -39,7 +39,7 @@ from broker.producer import PAYLOAD_FIELD, QUEUE_FULL, Producer, enqueue_error
 from broker.replies import ReplyRouter
 from broker.scheduling import StreamLayout
 from broker.scripts import ACK_AND_COUNT
-from broker.stats_store import StatsDelta, decode_stats, triton_model_stats
+from broker.stats_store import StatsDelta, read_stats, triton_model_stats
 
 logger = logging.getLogger(__name__)
 
@@ -345,14 +345,10 @@ class DataPlane:
                     model=model,
                 )
             targets = [(model, v) for v in ([version] if version is not None else ready)]
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for name, v in targets:
-                pipe.hgetall(self._keys.stats(name, v))
-            raw = await pipe.execute() if targets else []
+        stats = await read_stats(self._redis, self._keys, targets)
         return {
             "model_stats": [
-                triton_model_stats(name, v, decode_stats(r))
-                for (name, v), r in zip(targets, raw, strict=True)
+                triton_model_stats(name, v, s) for (name, v), s in zip(targets, stats, strict=True)
             ]
         }
 

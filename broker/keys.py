@@ -65,5 +65,13 @@ class KeySchema:
         return f"{self.prefix}control"
 
     def stats(self, model: str, version: int) -> str:
-        """Hash of counters and duration sums every process adds to."""
+        """Hash of the counters the gateways add to (rejections, cancellations)."""
         return f"{self.prefix}{{{model}}}:stats:{version}"
+
+    def stats_shard(self, model: str, version: int, instance: str) -> str:
+        """Hash of one model instance's counters, as totals (``stats_store.StatsShard``)."""
+        return f"{self.prefix}{{{model}}}:stats:{version}:i:{instance}"
+
+    def stats_shards(self, model: str, version: int) -> str:
+        """Set of the version's ``stats_shard`` keys (readers add them to ``stats``)."""
+        return f"{self.prefix}{{{model}}}:stats:{version}:shards"

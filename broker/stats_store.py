@@ -1,8 +1,21 @@
 """Inference statistics kept in Redis, added to by every process (Triton's statistics extension).
 
-One hash per model version (``KeySchema.stats``); every field is a counter
-incremented with ``HINCRBY`` by ``broker.scripts.ACK_AND_COUNT``, the script that
-also acknowledges a batch's entries, so recording costs no extra round trip.
+A version's statistics are the sum of several hashes with the same fields:
+
+* ``KeySchema.stats``: what the gateways count (a request rejected at the door, one
+  cancelled in the queue), incremented with ``HINCRBY`` by the scripts
+  ``broker.scripts.ACK_AND_COUNT`` and ``CANCEL_QUEUED``;
+* one ``KeySchema.stats_shard`` per model instance (:class:`StatsShard`): the instance
+  keeps its totals in memory and writes the fields an execution changed, as totals,
+  with one ``HSET`` in the same pipeline that acknowledges the batch. An ``HSET`` of
+  totals is cheaper for Redis than a script of ``HINCRBY`` (~5 against ~33 µs a batch,
+  on the critical path of every answer: Redis writes a waiting gateway its answer only
+  after the rest of the instance's pipeline ran), and sending it twice (a pipeline
+  retried after a lost connection) counts nothing twice. The shards are listed in
+  ``KeySchema.stats_shards``; an instance started again under its name goes on from
+  its shard's totals.
+
+:func:`read_stats` reads and adds them up (``last_inference_ms``: the latest).
 Field names:
 
 * ``success_count``/``success_ns``, ``fail_count``/``fail_ns``, ``queue_count``/``queue_ns``,
@@ -13,14 +26,19 @@ Field names:
 * ``batch:<n>:count`` and ``batch:<n>:compute_{input,infer,output}_ns`` per executed batch size;
 * ``fail_reason:<REASON>`` with Triton's metric reasons REJECTED, CANCELED, BACKEND, OTHER;
   ``cancel_ns`` (the CANCELED ones' share of ``fail_ns``);
-* ``last_inference_ms`` (ms since the epoch, written with HSET).
+* ``last_inference_ms`` (ms since the epoch).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import redis
+import redis.asyncio
+
+from broker.keys import KeySchema
 
 FAIL_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 _DURATIONS = ("queue", "compute_input", "compute_infer", "compute_output")
@@ -37,8 +55,9 @@ class ExecutionTimes:
 
 @dataclass(slots=True)
 class StatsDelta:
-    """Counter increments of one version, gathered in memory and sent as one script argument
-    (:meth:`counter_text` for ``broker.scripts.ACK_AND_COUNT``)."""
+    """Counter increments of one version, gathered in memory: added to an instance's
+    :class:`StatsShard`, or sent as one script argument (:meth:`counter_text` for
+    ``broker.scripts.ACK_AND_COUNT``)."""
 
     counts: dict[str, int] = field(default_factory=dict)
     last_inference_ms: int = 0
@@ -105,6 +124,100 @@ class StatsDelta:
     def counter_text(self) -> str:
         """The increments as ``"field delta field delta …"`` (``scripts.ACK_AND_COUNT``)."""
         return " ".join([f"{name} {value}" for name, value in self.counts.items()])
+
+
+class StatsShard:
+    """One model instance's statistics: totals in memory, written to its own hash.
+
+    Args:
+        key: the instance's hash (``KeySchema.stats_shard``).
+        registry: the version's set of shards (``KeySchema.stats_shards``).
+        totals: the hash's current fields (an instance started again goes on from them).
+    """
+
+    def __init__(self, key: str, registry: str, totals: Mapping[str, int] | None = None) -> None:
+        self.key = key
+        self.registry = registry
+        self.totals: dict[str, int] = dict(totals or {})
+        #: False until the shard was written whole and listed in the registry; set back to
+        #: False after Redis was unreachable (it may have restarted without its data)
+        self.registered = False
+
+    def apply(self, delta: StatsDelta) -> list[tuple[object, ...]]:
+        """Add ``delta`` to the totals; the commands that write them: one ``HSET`` of the
+        fields it changed, as totals (sending it twice changes nothing), or of every
+        field and an ``SADD`` to the registry while :attr:`registered` is False."""
+        totals = self.totals
+        changed: list[object] = []
+        for name, value in delta.counts.items():
+            total = totals.get(name, 0) + value
+            totals[name] = total
+            changed += (name, total)
+        if delta.last_inference_ms > totals.get("last_inference_ms", 0):
+            totals["last_inference_ms"] = delta.last_inference_ms
+            changed += ("last_inference_ms", delta.last_inference_ms)
+        if not self.registered:
+            self.registered = True
+            fields = [x for item in totals.items() for x in item]
+            if not fields:
+                return [("SADD", self.registry, self.key)]
+            return [("HSET", self.key, *fields), ("SADD", self.registry, self.key)]
+        return [("HSET", self.key, *changed)] if changed else []
+
+
+def open_stats_shard(
+    client: redis.Redis, keys: KeySchema, model: str, version: int, instance: str
+) -> StatsShard:
+    """The shard of instance ``instance``, with the totals its hash holds already (an
+    instance started again under the same name goes on counting from them).
+
+    Raises:
+        redis.exceptions.RedisError: Redis unreachable.
+    """
+    key = keys.stats_shard(model, version, instance)
+    totals = {k.decode(): int(v) for k, v in client.hgetall(key).items()}
+    return StatsShard(key, keys.stats_shards(model, version), totals)
+
+
+def merge_stats(hashes: Sequence[Mapping[bytes, bytes]]) -> VersionStats:
+    """Add up ``HGETALL`` replies of a version's hashes (``last_inference_ms``: the latest)."""
+    counters: dict[str, int] = {}
+    for raw in hashes:
+        for k, v in raw.items():
+            name, value = k.decode(), int(v)
+            if name == "last_inference_ms":
+                counters[name] = max(counters.get(name, 0), value)
+            else:
+                counters[name] = counters.get(name, 0) + value
+    return VersionStats(counters)
+
+
+async def read_stats(
+    client: redis.asyncio.Redis, keys: KeySchema, versions: Sequence[tuple[str, int]]
+) -> list[VersionStats]:
+    """The statistics of each ``(model, version)``: its gateway hash and instance shards
+    added up, in two pipelined round trips.
+
+    Raises:
+        redis.exceptions.RedisError: Redis unreachable.
+    """
+    if not versions:
+        return []
+    async with client.pipeline(transaction=False) as pipe:
+        for model, version in versions:
+            pipe.hgetall(keys.stats(model, version))
+            pipe.smembers(keys.stats_shards(model, version))
+        first = await pipe.execute()
+    shards = [sorted(first[2 * i + 1]) for i in range(len(versions))]
+    async with client.pipeline(transaction=False) as pipe:
+        for members in shards:
+            for shard in members:
+                pipe.hgetall(shard)
+        rest = iter(await pipe.execute() if any(shards) else [])
+    return [
+        merge_stats([first[2 * i], *(next(rest) for _ in members)])
+        for i, members in enumerate(shards)
+    ]
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from broker.consumer import Delivery, StreamConsumer
 from broker.datatypes import config_to_protocol, serialize_bytes, to_numpy
 from broker.messages import ErrorInfo, InferRequestMessage, InferResponseMessage, WireTensor
 from broker.scheduling import ShapeKeys, StreamLayout
-from broker.stats_store import ExecutionTimes, StatsDelta
+from broker.stats_store import ExecutionTimes, StatsDelta, StatsShard
 from gpu_workers.backends.base import Backend, InferError, InferRequest, InferResponse
 from gpu_workers.classification import classify
 
@@ -86,7 +86,7 @@ class InstanceLoop:
         layout: the version's streams and scheduling policy.
         shape_keys: builds batch-compatibility keys from a request's inputs.
         output_datatypes: output name -> protocol datatype (from the config).
-        stats_key: the version's statistics hash.
+        stats: this instance's statistics (None: nothing is counted).
         batching: whether the model has a batch dimension (``max_batch_size`` > 0).
         clock: wall-clock ns; injectable for tests.
     """
@@ -98,7 +98,7 @@ class InstanceLoop:
         layout: StreamLayout,
         shape_keys: ShapeKeys,
         output_datatypes: dict[str, str],
-        stats_key: str,
+        stats: StatsShard | None,
         batching: bool,
         clock: Callable[[], int] = time.time_ns,
     ) -> None:
@@ -109,7 +109,7 @@ class InstanceLoop:
         self._version = layout.version
         self._shape_keys = shape_keys
         self._output_datatypes = output_datatypes
-        self._stats_key = stats_key
+        self._stats = stats
         self._batching = batching
         self._clock = clock
         self._batcher = DynamicBatcher(layout.policy)
@@ -154,6 +154,8 @@ class InstanceLoop:
                         lost_since, backoff_s = 0.0, REDIS_RETRY_MIN_S
                     self.step()
                 except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                    if self._stats is not None:
+                        self._stats.registered = False  # Redis may come back without it
                     if not lost_since:
                         lost_since = time.monotonic()
                         logger.warning(
@@ -170,6 +172,8 @@ class InstanceLoop:
                         self._model,
                     )
                     self._consumer.ensure_groups()
+                    if self._stats is not None:
+                        self._stats.registered = False
             self.drain()
         finally:
             self._consumer.flush()
@@ -331,7 +335,7 @@ class InstanceLoop:
             delta.failure(
                 request_ns=now - delivery.message.enqueued_ns, reason=_REASONS.get(code, "OTHER")
             )
-        self._consumer.finish(replies, [d for d, _, _ in failures], self._stats_key, delta)
+        self._consumer.finish(replies, [d for d, _, _ in failures], self._stats, delta)
 
     # -- execution ---------------------------------------------------------------------------
 
@@ -433,7 +437,7 @@ class InstanceLoop:
         self._consumer.finish(
             [(h.delivery.message.reply_to, a) for h, a in zip(held, answers, strict=True)],
             [h.delivery for h in held],
-            self._stats_key,
+            self._stats,
             delta,
             defer=True,  # sent with the read that follows at once (one round trip)
         )

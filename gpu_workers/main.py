@@ -28,6 +28,7 @@ from broker.logs import LogOptions, configure_logging
 from broker.model_store import ModelStore
 from broker.scheduling import ShapeKeys, StreamLayout, scheduling_policy
 from broker.settings import RedisSettings
+from broker.stats_store import open_stats_shard
 from gpu_workers.backends.base import InstanceContext
 from gpu_workers.backends.registry import backend_class
 from gpu_workers.classification import read_labels
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         keys_layout,
         ShapeKeys(config),
         output_datatypes(config),
-        keys.stats(args.model, args.version),
+        open_stats_shard(client, keys, args.model, args.version, args.instance),
         batching=config.max_batch_size > 0,
     )
     loop.drain_limit_ns = int(args.drain_timeout_secs * 1e9)

@@ -21,7 +21,7 @@ from tritonclient.grpc.model_config_pb2 import ModelConfig
 from broker.keys import WORKER_GROUP, KeySchema
 from broker.model_store import AsyncModelStore, ModelState, count_live
 from broker.scheduling import StreamLayout, scheduling_policy
-from broker.stats_store import VersionStats, decode_stats
+from broker.stats_store import VersionStats, read_stats
 
 __all__ = ["QueueFacts", "VersionSample", "read_versions"]
 
@@ -119,9 +119,9 @@ async def read_versions(
     found.sort(key=lambda f: (f[0], f[1]))
 
     ready = [f for f in found if f[2] == ModelState.READY.value]
+    version_stats = await read_stats(client, keys, [(f[0], f[1]) for f in ready])
     async with client.pipeline(transaction=False) as pipe:
         for name, version, _, _, streams in ready:
-            pipe.hgetall(keys.stats(name, version))
             pipe.hgetall(keys.instances(name, version))
             for stream in streams:
                 pipe.xinfo_groups(stream)
@@ -133,10 +133,9 @@ async def read_versions(
     tails: list[tuple[tuple[str, int], str, str]] = []  # (version, stream, last delivered id)
     counts: dict[tuple[str, int], list[int]] = {}
     position = 0
-    for name, version, _, _, streams in ready:
-        stats_raw, instances_raw = replies[position], replies[position + 1]
-        position += 2
-        stats = decode_stats(stats_raw) if isinstance(stats_raw, dict) else VersionStats()
+    for (name, version, _, _, streams), stats in zip(ready, version_stats, strict=True):
+        instances_raw = replies[position]
+        position += 1
         states, live = count_live(instances_raw if isinstance(instances_raw, dict) else {}, now_ns)
         facts[(name, version)] = (stats, states, live)
         depth = pending = 0

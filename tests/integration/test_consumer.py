@@ -1,4 +1,4 @@
-"""StreamConsumer against a real Redis: one-trip finish, raw reads, reconnects, lost scripts."""
+"""StreamConsumer against a real Redis: one-trip finish, raw reads, reconnects, statistics."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import redis
 
 from broker.codec import decode_response, encode_request
 from broker.consumer import REPLY_TTL_S, StreamConsumer
-from broker.keys import WORKER_GROUP
+from broker.keys import WORKER_GROUP, KeySchema
 from broker.messages import InferRequestMessage, InferResponseMessage, WireTensor
 from broker.producer import PAYLOAD_FIELD
-from broker.stats_store import ExecutionTimes, StatsDelta, decode_stats
+from broker.stats_store import ExecutionTimes, StatsDelta, StatsShard, decode_stats
 
 
 def _request(n: int, reply_to: str) -> InferRequestMessage:
@@ -31,6 +31,11 @@ def _request(n: int, reply_to: str) -> InferRequestMessage:
     )
 
 
+def _shard(key_prefix: str) -> StatsShard:
+    keys = KeySchema(key_prefix)
+    return StatsShard(keys.stats_shard("m", 1, "instance-0"), keys.stats_shards("m", 1))
+
+
 @pytest.fixture
 def client(redis_url: str):
     c = redis.Redis.from_url(
@@ -41,7 +46,7 @@ def client(redis_url: str):
 
 
 def test_finish_replies_acks_and_counts_in_one_trip(client: redis.Redis, key_prefix: str) -> None:
-    stream, stats = f"{key_prefix}{{m}}:q:1", f"{key_prefix}{{m}}:stats:1"
+    stream, stats = f"{key_prefix}{{m}}:q:1", _shard(key_prefix)
     gateways = [f"{key_prefix}reply:a", f"{key_prefix}reply:b"]
     consumer = StreamConsumer(client, [stream], "instance-0")
     try:
@@ -79,7 +84,7 @@ def test_finish_replies_acks_and_counts_in_one_trip(client: redis.Redis, key_pre
         assert 0 < client.ttl(gateways[0]) <= REPLY_TTL_S
         assert client.xlen(stream) == 0
         assert client.xpending(stream, WORKER_GROUP)["pending"] == 0
-        counters = decode_stats(client.hgetall(stats))
+        counters = decode_stats(client.hgetall(stats.key))
         assert counters.get("success_count") == 4
         assert counters.get("success_ns") == 400
         assert counters.get("inference_count") == 4
@@ -87,14 +92,24 @@ def test_finish_replies_acks_and_counts_in_one_trip(client: redis.Redis, key_pre
         assert counters.get("batch:4:count") == 1
         assert counters.get("batch:4:compute_infer_ns") == 20
         assert counters.get("last_inference_ms") == 1234
+        assert client.smembers(stats.registry) == {stats.key.encode()}
+        # the next batch writes totals of the fields it changed
+        client.xadd(stream, {PAYLOAD_FIELD: encode_request(_request(9, gateways[0]))})
+        more = consumer.read(count=10, block_ms=100)
+        delta = StatsDelta()
+        delta.failure(request_ns=70, reason="BACKEND")
+        consumer.finish([], more, stats, delta)
+        counters = decode_stats(client.hgetall(stats.key))
+        assert counters.get("success_count") == 4
+        assert counters.get("fail_count") == 1
+        assert counters.get("fail_ns") == 70
+        assert counters.get("fail_reason:BACKEND") == 1
     finally:
         consumer.close()
 
 
-def test_reconnects_after_kill_and_reloads_flushed_scripts(
-    client: redis.Redis, key_prefix: str, redis_url: str
-) -> None:
-    stream, stats = f"{key_prefix}{{m}}:q:1", f"{key_prefix}{{m}}:stats:1"
+def test_reconnects_after_kill(client: redis.Redis, key_prefix: str, redis_url: str) -> None:
+    stream, stats = f"{key_prefix}{{m}}:q:1", _shard(key_prefix)
     consumer = StreamConsumer(client, [stream], "instance-0")
     try:
         consumer.ensure_groups()
@@ -110,18 +125,17 @@ def test_reconnects_after_kill_and_reloads_flushed_scripts(
         client.xadd(stream, {PAYLOAD_FIELD: encode_request(_request(7, f"{key_prefix}reply"))})
         deliveries = consumer.read(count=1, block_ms=100)  # a new connection, transparently
         assert [d.message.request_id for d in deliveries] == ["r7"]
-        client.script_flush()  # as after a Redis restart: EVALSHA answers NOSCRIPT
         delta = StatsDelta()
         delta.failure(request_ns=50, reason="OTHER")
         consumer.finish([], deliveries, stats, delta)
         assert client.xlen(stream) == 0
-        assert decode_stats(client.hgetall(stats)).get("fail_reason:OTHER") == 1
+        assert decode_stats(client.hgetall(stats.key)).get("fail_reason:OTHER") == 1
     finally:
         consumer.close()
 
 
 def test_deferred_finish_travels_with_the_next_read(client: redis.Redis, key_prefix: str) -> None:
-    stream, stats = f"{key_prefix}{{m}}:q:1", f"{key_prefix}{{m}}:stats:1"
+    stream, stats = f"{key_prefix}{{m}}:q:1", _shard(key_prefix)
     reply = f"{key_prefix}reply:a"
     consumer = StreamConsumer(client, [stream], "instance-0")
     try:
@@ -143,5 +157,51 @@ def test_deferred_finish_travels_with_the_next_read(client: redis.Redis, key_pre
         consumer.flush()
         assert client.llen(reply) == 2
         assert client.xlen(stream) == 0
+    finally:
+        consumer.close()
+
+
+def test_statistics_are_totals_sent_twice_without_harm_and_rewritten_whole(
+    client: redis.Redis, key_prefix: str
+) -> None:
+    stream, stats = f"{key_prefix}{{m}}:q:1", _shard(key_prefix)
+    reply = f"{key_prefix}reply:a"
+    consumer = StreamConsumer(client, [stream], "instance-0")
+    try:
+        consumer.ensure_groups()
+        for n in range(2):
+            client.xadd(stream, {PAYLOAD_FIELD: encode_request(_request(n, reply))})
+            taken = consumer.read(count=1, block_ms=100)
+            delta = StatsDelta()
+            delta.execution(1, ExecutionTimes(1, 2, 3))
+            delta.successes(
+                count=1, inferences=1, request_ns=10, queue_ns=1,
+                times=ExecutionTimes(1, 2, 3), now_ms=1000 + n,
+            )  # fmt: skip
+            consumer.finish([], taken, stats, delta)
+        # a pipeline retried after a lost connection runs its HSET again: no change
+        again = StatsDelta()
+        again.execution(1, ExecutionTimes(1, 2, 3))
+        for command in stats.apply(again):
+            client.execute_command(*command)
+            client.execute_command(*command)
+        counters = decode_stats(client.hgetall(stats.key))
+        assert counters.get("execution_count") == 3
+        assert counters.get("batch:1:count") == 3
+        assert counters.get("success_count") == 2
+        assert counters.get("last_inference_ms") == 1001
+        # Redis lost its data: after the loop marks the shard unregistered, the next
+        # execution writes every total and lists the shard again
+        client.delete(stats.key, stats.registry)
+        stats.registered = False
+        delta = StatsDelta()
+        delta.failure(request_ns=5, reason="OTHER")
+        consumer.finish([], [], stats, delta)
+        counters = decode_stats(client.hgetall(stats.key))
+        assert counters.get("execution_count") == 3
+        assert counters.get("success_count") == 2
+        assert counters.get("fail_count") == 1
+        assert counters.get("last_inference_ms") == 1001
+        assert client.smembers(stats.registry) == {stats.key.encode()}
     finally:
         consumer.close()

@@ -3,11 +3,13 @@ request whose deadline passes while it executes is answered and counted."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 
 import numpy as np
 import redis
+import redis.asyncio
 from google.protobuf import text_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
@@ -17,6 +19,7 @@ from broker.keys import KeySchema
 from broker.messages import InferRequestMessage, WireTensor
 from broker.producer import PAYLOAD_FIELD
 from broker.scheduling import ShapeKeys, StreamLayout, scheduling_policy
+from broker.stats_store import open_stats_shard, read_stats
 from gpu_workers.backends.base import InferRequest, InferResponse
 from gpu_workers.loop import InstanceLoop, output_datatypes
 
@@ -27,6 +30,16 @@ output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
 dynamic_batching { max_queue_delay_microseconds: 20000 }
 """
 WINDOW_NS = 20_000_000
+
+
+async def _read_stats(redis_url: str, keys: KeySchema) -> dict[str, int]:
+    """Version 1 of model "m" as the gateway reads it: gateway hash and shards added up."""
+    client = redis.asyncio.Redis.from_url(redis_url, protocol=2)
+    try:
+        (stats,) = await read_stats(client, keys, [("m", 1)])
+    finally:
+        await client.aclose()
+    return stats.counters
 
 
 class _Recorder:
@@ -104,7 +117,7 @@ def test_a_request_queued_while_the_window_closes_joins_the_batch(
         layout,
         ShapeKeys(config),
         output_datatypes(config),
-        f"{key_prefix}{{m}}:stats:1",
+        None,
         batching=True,
         clock=lambda: now[0],
     )
@@ -121,7 +134,7 @@ def test_a_request_queued_while_the_window_closes_joins_the_batch(
         assert answers == {"r1", "r2"}
     finally:
         real.close()
-        client.delete(stream, reply, f"{key_prefix}{{m}}:stats:1")
+        client.delete(stream, reply)
         client.close()
 
 
@@ -148,7 +161,8 @@ def test_a_request_whose_deadline_passes_during_execution_is_a_timeout_not_a_suc
     config = text_format.Parse(CONFIG, ModelConfig())
     layout = StreamLayout(KeySchema(key_prefix), "m", 1, scheduling_policy(config))
     stream, reply = layout.stream(0), f"{key_prefix}reply:g"
-    stats_key = f"{key_prefix}{{m}}:stats:1"
+    keys = KeySchema(key_prefix)
+    shard = open_stats_shard(client, keys, "m", 1, "instance-0")
     start = time.time_ns()
     now = [start]
     consumer = StreamConsumer(client, layout.streams(), "instance-0")
@@ -160,7 +174,7 @@ def test_a_request_whose_deadline_passes_during_execution_is_a_timeout_not_a_suc
         layout,
         ShapeKeys(config),
         output_datatypes(config),
-        stats_key,
+        shard,
         batching=True,
         clock=lambda: now[0],
     )
@@ -182,7 +196,7 @@ def test_a_request_whose_deadline_passes_during_execution_is_a_timeout_not_a_suc
         assert (
             answers["r2"].error is None and answers["r2"].outputs[0].data == np.int32(2).tobytes()
         )
-        stats = {k.decode(): int(v) for k, v in client.hgetall(stats_key).items()}
+        stats = asyncio.run(_read_stats(redis_url, keys))
         assert stats["success_count"] == 1
         assert stats["inference_count"] == 1
         assert stats["fail_count"] == 1
@@ -191,5 +205,5 @@ def test_a_request_whose_deadline_passes_during_execution_is_a_timeout_not_a_suc
         assert stats["batch:2:count"] == 1
     finally:
         consumer.close()
-        client.delete(stream, reply, stats_key)
+        client.delete(stream, reply, shard.key, shard.registry)
         client.close()

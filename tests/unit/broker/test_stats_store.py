@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from broker.stats_store import ExecutionTimes, StatsDelta, VersionStats, triton_model_stats
+from broker.stats_store import (
+    ExecutionTimes,
+    StatsDelta,
+    StatsShard,
+    VersionStats,
+    merge_stats,
+    triton_model_stats,
+)
 
 
 def _counters(*deltas: StatsDelta) -> VersionStats:
@@ -39,3 +46,35 @@ def test_only_cancelled_requests_leave_no_response_statistics() -> None:
     assert stats["inference_stats"]["fail"] == {"count": 1, "ns": 50_000}
     assert stats["response_stats"] == {}
     assert stats["execution_count"] == 0
+
+
+def test_a_shard_writes_whole_once_then_the_totals_of_changed_fields() -> None:
+    shard = StatsShard("s", "set", {"execution_count": 7, "fail_count": 2})
+    first = StatsDelta()
+    first.execution(4, ExecutionTimes(1, 2, 3))
+    first.last_inference_ms = 50
+    assert shard.apply(first) == [
+        ("HSET", "s", "execution_count", 8, "fail_count", 2, "batch:4:count", 1,
+         "batch:4:compute_input_ns", 1, "batch:4:compute_infer_ns", 2,
+         "batch:4:compute_output_ns", 3, "last_inference_ms", 50),
+        ("SADD", "set", "s"),
+    ]  # fmt: skip
+    second = StatsDelta()
+    second.failure(request_ns=9, reason="OTHER")
+    second.last_inference_ms = 40  # older than the total: not written
+    assert shard.apply(second) == [
+        ("HSET", "s", "fail_count", 3, "fail_ns", 9, "fail_reason:OTHER", 1)
+    ]
+    assert shard.apply(StatsDelta()) == []
+    assert shard.totals["last_inference_ms"] == 50
+
+
+def test_merging_adds_counters_and_keeps_the_latest_inference() -> None:
+    stats = merge_stats(
+        [
+            {b"fail_count": b"1", b"last_inference_ms": b"900"},
+            {b"fail_count": b"2", b"success_count": b"5", b"last_inference_ms": b"1000"},
+            {},
+        ]
+    )
+    assert stats.counters == {"fail_count": 3, "success_count": 5, "last_inference_ms": 1000}
