@@ -90,4 +90,27 @@ return 1
 """
 )
 
-ALL_SCRIPTS = (ACK_AND_COUNT, BOUNDED_XADD, CANCEL_QUEUED)
+#: Fold a model instance's statistics shard into the version's gateway hash, at once (the
+#: instance stopped; readers never see its counts twice or not at all): every field added
+#: (``last_inference_ms``: the later one kept), the shard deleted and taken off the list.
+#: KEYS[1]: the version's statistics hash; KEYS[2]: the shard; KEYS[3]: the shard list.
+#: Returns the number of fields folded (0: no such shard).
+FOLD_STATS = Script(
+    """
+local fields = redis.call('HGETALL', KEYS[2])
+for i = 1, #fields, 2 do
+  local name, value = fields[i], fields[i + 1]
+  if name == 'last_inference_ms' then
+    local current = tonumber(redis.call('HGET', KEYS[1], name) or '0')
+    if tonumber(value) > current then redis.call('HSET', KEYS[1], name, value) end
+  else
+    redis.call('HINCRBY', KEYS[1], name, value)
+  end
+end
+redis.call('DEL', KEYS[2])
+redis.call('SREM', KEYS[3], KEYS[2])
+return #fields / 2
+"""
+)
+
+ALL_SCRIPTS = (ACK_AND_COUNT, BOUNDED_XADD, CANCEL_QUEUED, FOLD_STATS)

@@ -39,6 +39,7 @@ import redis
 import redis.asyncio
 
 from broker.keys import KeySchema
+from broker.scripts import FOLD_STATS
 
 FAIL_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 _DURATIONS = ("queue", "compute_input", "compute_infer", "compute_output")
@@ -177,6 +178,22 @@ def open_stats_shard(
     key = keys.stats_shard(model, version, instance)
     totals = {k.decode(): int(v) for k, v in client.hgetall(key).items()}
     return StatsShard(key, keys.stats_shards(model, version), totals)
+
+
+def fold_stats_shards(
+    client: redis.Redis, keys: KeySchema, model: str, version: int, instances: Sequence[str]
+) -> None:
+    """Add the shards of stopped instances to the version's gateway hash and delete them
+    (``broker.scripts.FOLD_STATS``), so that shards do not pile up with reloads; an
+    instance that never wrote one is skipped.
+
+    Raises:
+        redis.exceptions.RedisError: Redis unreachable.
+    """
+    base, registry = keys.stats(model, version), keys.stats_shards(model, version)
+    for instance in instances:
+        shard = keys.stats_shard(model, version, instance)
+        client.eval(FOLD_STATS.body, 3, base, shard, registry)
 
 
 def merge_stats(hashes: Sequence[Mapping[bytes, bytes]]) -> VersionStats:

@@ -28,7 +28,7 @@ from broker.logs import LogOptions, configure_logging
 from broker.model_store import ModelStore
 from broker.scheduling import ShapeKeys, StreamLayout, scheduling_policy
 from broker.settings import RedisSettings
-from broker.stats_store import open_stats_shard
+from broker.stats_store import fold_stats_shards, open_stats_shard
 from gpu_workers.backends.base import InstanceContext
 from gpu_workers.backends.registry import backend_class
 from gpu_workers.classification import read_labels
@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         loop.run()
+        _fold_stats(client, keys, args)
     finally:
         liveness.stop()
         backend.finalize()
@@ -175,6 +176,17 @@ def main(argv: list[str] | None = None) -> int:
             consumer.close()
             client.close()
     return 0
+
+
+def _fold_stats(client: redis.Redis, keys: KeySchema, args: argparse.Namespace) -> None:
+    """A stopping instance hands its statistics to the version's gateway hash (instances
+    come and go under new names with reloads and scaling: their shards must not pile up)."""
+    try:
+        fold_stats_shards(client, keys, args.model, args.version, [args.instance])
+    except redis.exceptions.RedisError as exc:
+        logger.warning(
+            "instance %s: statistics not folded (%s); kept in its shard", args.instance, exc
+        )
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from broker.messages import ErrorInfo, InferResponseMessage
 from broker.model_store import ModelState, ModelStore, VersionState
 from broker.producer import PAYLOAD_FIELD
 from broker.scheduling import StreamLayout, scheduling_policy
+from broker.stats_store import fold_stats_shards
 from gpu_workers.backends.registry import auto_complete, gpu_available
 from gpu_workers.device import gpu_ids
 from gpu_workers.processes import Instance, Spawner, terminate
@@ -413,6 +414,7 @@ class ModelManager:
             names = [i.name for i in instances]
             if names:
                 self._store.forget_instances(previous.name, version, names)
+                fold_stats_shards(self._redis, self._keys, previous.name, version, names)
 
     def _await_ready(self, instances: list[Instance]) -> str | None:
         """Wait until every instance reports READY; the failure reason otherwise."""
@@ -493,6 +495,9 @@ class ModelManager:
                 time.sleep(0.05)
         procs = [i.process for v in versions for i in model.versions.get(v, []) if i.process]
         terminate(procs, self.options.drain_timeout_s)
+        for version in versions:
+            names = [i.name for i in model.versions.get(version, [])]
+            fold_stats_shards(self._redis, self._keys, model.name, version, names)
         for layout in layouts:
             for stream in layout.streams():
                 self._fail_leftovers(stream, model.name)

@@ -443,3 +443,53 @@ def test_unsupported_schedulers_are_refused_at_load(
         and "not supported by Sluice yet" in info.value.message()
     )
     assert client.is_model_ready("add_sub")  # the old add_sub still serves
+
+
+def test_statistics_add_up_across_reloads_and_instance_shards_do_not_pile_up(
+    explicit_server: Server,
+) -> None:
+    """Each instance counts in a hash of its own; a reload starts instances under new
+    names, and the stopped ones hand their counts to the version's hash: the statistics
+    keep every inference once, and only the running instances keep a shard."""
+    client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
+    client.load_model("batch_scale")
+    before = client.get_inference_statistics("batch_scale", "1")["model_stats"][0]
+    override = {
+        "name": "batch_scale",
+        "backend": "onnxruntime",
+        "max_batch_size": 16,
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+        "instance_group": [{"kind": "KIND_CPU", "count": 3}],
+    }
+    rounds = [(None, 5), (override, 7), (None, 3)]  # 2, then 3, then 2 instances
+    for config, count in rounds:
+        client.load_model("batch_scale", config=json.dumps(config) if config else None)
+        for _ in range(count):
+            out = client.infer("batch_scale", _scale_input(2.0, batch=2))
+            assert out.as_numpy("OUTPUT0").tolist() == [[6.0] * 4] * 2
+    after = client.get_inference_statistics("batch_scale", "1")["model_stats"][0]
+    requests_made = sum(count for _, count in rounds)
+    success = after["inference_stats"]["success"]["count"]
+    assert success - before["inference_stats"]["success"]["count"] == requests_made
+    assert after["inference_count"] - before["inference_count"] == 2 * requests_made
+    metrics = requests.get(explicit_server.metrics_url, timeout=10).text
+    line = next(
+        x for x in metrics.splitlines()
+        if x.startswith('nv_inference_count{model="batch_scale",version="1"}')
+    )
+    assert int(float(line.split()[-1])) == after["inference_count"]
+    shards = redis.Redis.from_url(explicit_server.redis_url)
+    try:
+        prefix = f"{explicit_server.key_prefix}{{batch_scale}}:stats:1"
+        kept = sorted(k.decode() for k in shards.smembers(f"{prefix}:shards"))
+        on_redis = sorted(k.decode() for k in shards.scan_iter(f"{prefix}:i:*"))
+    finally:
+        shards.close()
+    assert len(kept) <= 2 and kept == on_redis  # the two running instances at most
+    client.unload_model("batch_scale")
+    after_unload = redis.Redis.from_url(explicit_server.redis_url)
+    try:
+        assert list(after_unload.scan_iter(f"{prefix}:i:*")) == []
+    finally:
+        after_unload.close()

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
 import redis
+import redis.asyncio
 
 from broker.codec import decode_response, encode_request
 from broker.consumer import REPLY_TTL_S, StreamConsumer
 from broker.keys import WORKER_GROUP, KeySchema
 from broker.messages import InferRequestMessage, InferResponseMessage, WireTensor
 from broker.producer import PAYLOAD_FIELD
-from broker.stats_store import ExecutionTimes, StatsDelta, StatsShard, decode_stats
+from broker.stats_store import (
+    ExecutionTimes,
+    StatsDelta,
+    StatsShard,
+    decode_stats,
+    fold_stats_shards,
+    read_stats,
+)
 
 
 def _request(n: int, reply_to: str) -> InferRequestMessage:
@@ -205,3 +214,34 @@ def test_statistics_are_totals_sent_twice_without_harm_and_rewritten_whole(
         assert client.smembers(stats.registry) == {stats.key.encode()}
     finally:
         consumer.close()
+
+
+def test_a_folded_shard_moves_into_the_version_hash_once(
+    client: redis.Redis, key_prefix: str, redis_url: str
+) -> None:
+    keys = KeySchema(key_prefix)
+    base = keys.stats("m", 1)
+    client.hset(base, mapping={"fail_count": 2, "last_inference_ms": 900})
+    shard = _shard(key_prefix)
+    delta = StatsDelta()
+    delta.failure(request_ns=4, reason="OTHER")
+    delta.last_inference_ms = 800  # older than the gateway's: the later one stays
+    for command in shard.apply(delta):
+        client.execute_command(*command)
+
+    async def totals() -> dict[str, int]:
+        reader = redis.asyncio.Redis.from_url(redis_url, protocol=2)
+        try:
+            (stats,) = await read_stats(reader, keys, [("m", 1)])
+        finally:
+            await reader.aclose()
+        return stats.counters
+
+    expected = {"fail_count": 3, "fail_ns": 4, "fail_reason:OTHER": 1, "last_inference_ms": 900}
+    assert asyncio.run(totals()) == expected
+    for _ in range(2):  # the supervisor may fold what the instance folded at its exit
+        fold_stats_shards(client, keys, "m", 1, ["instance-0"])
+        assert asyncio.run(totals()) == expected
+    assert client.exists(shard.key) == 0
+    assert client.smembers(shard.registry) == set()
+    client.delete(base)
