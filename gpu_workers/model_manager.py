@@ -370,6 +370,9 @@ class ModelManager:
         if failed:
             for instances in model.versions.values():
                 terminate([i.process for i in instances if i.process], 10)
+            # the next load reuses this generation's instance names: their records (state
+            # UNAVAILABLE with this failure's reason) must not answer for the new processes
+            self._forget_generation(model)
             reason = next(iter(failed.values())) or "load failed"
             for version in model.versions:
                 if previous is None or version not in previous.versions:

@@ -329,6 +329,14 @@ def test_failed_reload_keeps_the_old_model(explicit_server: Server) -> None:
         [6.0] * 4
     ]
     assert _index(client)[("batch_scale", "1")]["state"] == "READY"
+    # the next reload starts instances under the failed ones' names: their failure is
+    # theirs, not the new instances'
+    good = {**bad, "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}]}
+    client.load_model("batch_scale", config=json.dumps(good))
+    assert client.get_model_config("batch_scale")["max_batch_size"] == 4
+    assert client.infer("batch_scale", _scale_input(2.0)).as_numpy("OUTPUT0").tolist() == [
+        [6.0] * 4
+    ]
     client.unload_model("batch_scale")
 
 
