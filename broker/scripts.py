@@ -113,4 +113,19 @@ return #fields / 2
 """
 )
 
-ALL_SCRIPTS = (ACK_AND_COUNT, BOUNDED_XADD, CANCEL_QUEUED, FOLD_STATS)
+#: Read a version's statistics at once: the gateway hash, then every listed instance
+#: shard (in one script, so that a shard folded meanwhile is seen once: in its shard or in
+#: the gateway hash, never in neither). The shards share the version's hash slot.
+#: KEYS[1]: the version's statistics hash; KEYS[2]: the shard list.
+#: Returns a list of HGETALL replies, the gateway hash's first.
+READ_STATS = Script(
+    """
+local out = {redis.call('HGETALL', KEYS[1])}
+for _, shard in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  out[#out + 1] = redis.call('HGETALL', shard)
+end
+return out
+"""
+)
+
+ALL_SCRIPTS = (ACK_AND_COUNT, BOUNDED_XADD, CANCEL_QUEUED, FOLD_STATS, READ_STATS)

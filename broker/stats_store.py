@@ -37,9 +37,10 @@ from typing import Any
 
 import redis
 import redis.asyncio
+import redis.exceptions
 
 from broker.keys import KeySchema
-from broker.scripts import FOLD_STATS
+from broker.scripts import FOLD_STATS, READ_STATS
 
 FAIL_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 _DURATIONS = ("queue", "compute_input", "compute_infer", "compute_output")
@@ -213,28 +214,34 @@ async def read_stats(
     client: redis.asyncio.Redis, keys: KeySchema, versions: Sequence[tuple[str, int]]
 ) -> list[VersionStats]:
     """The statistics of each ``(model, version)``: its gateway hash and instance shards
-    added up, in two pipelined round trips.
+    added up, each version read at once (``broker.scripts.READ_STATS``: a shard folded
+    into the gateway hash while it is read counts once), all in one round trip.
 
     Raises:
         redis.exceptions.RedisError: Redis unreachable.
     """
     if not versions:
         return []
-    async with client.pipeline(transaction=False) as pipe:
-        for model, version in versions:
-            pipe.hgetall(keys.stats(model, version))
-            pipe.smembers(keys.stats_shards(model, version))
-        first = await pipe.execute()
-    shards = [sorted(first[2 * i + 1]) for i in range(len(versions))]
-    async with client.pipeline(transaction=False) as pipe:
-        for members in shards:
-            for shard in members:
-                pipe.hgetall(shard)
-        rest = iter(await pipe.execute() if any(shards) else [])
-    return [
-        merge_stats([first[2 * i], *(next(rest) for _ in members)])
-        for i, members in enumerate(shards)
-    ]
+    for attempt in range(2):
+        async with client.pipeline(transaction=False) as pipe:
+            for model, version in versions:
+                pipe.evalsha(
+                    READ_STATS.sha, 2, keys.stats(model, version), keys.stats_shards(model, version)
+                )
+            replies = await pipe.execute(raise_on_error=False)
+        if attempt == 0 and any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
+            await client.script_load(READ_STATS.body)  # a restarted Redis forgot it
+            continue
+        break
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return [merge_stats([_pairs(flat) for flat in reply]) for reply in replies]
+
+
+def _pairs(flat: Sequence[bytes]) -> dict[bytes, bytes]:
+    """A raw ``HGETALL`` reply inside a script's reply: [field, value, ...]."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
 @dataclass(frozen=True, slots=True)

@@ -419,7 +419,9 @@ class InstanceLoop:
         )
 
         delta = StatsDelta()
-        if runnable:
+        if successes:
+            # Triton's backends report an execution's batch statistics (execution_count,
+            # batch_stats) unless every response of it failed (onnxruntime_backend)
             delta.execution(executed_size, times)
         if successes:
             enqueued = [item.delivery.message.enqueued_ns for _, item in successes]
