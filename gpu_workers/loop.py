@@ -116,6 +116,9 @@ class InstanceLoop:
         self._held: dict[str, _Held] = {}
         self._read_count = max(1, layout.policy.max_batch_size)
         self.stopping = threading.Event()
+        #: set with :attr:`stopping` when the instance is replaced by a newer one that
+        #: serves the same streams (a reload): it runs what it holds and reads no more
+        self.handing_over = False
         #: longest graceful drain after :attr:`stopping` is set, in ns.
         self.drain_limit_ns = DRAIN_LIMIT_NS
         #: when the stop was asked for (clock ns; 0: when the drain starts): the drain
@@ -232,6 +235,10 @@ class InstanceLoop:
         :attr:`drain_limit_ns` from :attr:`stop_requested_ns` (``sluice serve`` sets it
         from ``--exit-timeout-secs``).
         Entries left after that stay pending in Redis for another instance.
+        When :attr:`handing_over`, the instance only runs what it holds: the queued
+        entries are the newer instances' (after a reload they answer with the new model
+        and config at once, instead of sharing the stream with the old ones until the
+        queue stays empty, which under steady load it never does).
         """
         far = self._clock() + 10**15
         start = self.stop_requested_ns or self._clock()
@@ -242,6 +249,8 @@ class InstanceLoop:
                 self._consumer.flush()
                 self._execute(batch)
                 ran = True
+            if self.handing_over:
+                return
             now = self._clock()
             if ran:
                 quiet_since = now

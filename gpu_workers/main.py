@@ -34,6 +34,7 @@ from gpu_workers.backends.registry import backend_class
 from gpu_workers.classification import read_labels
 from gpu_workers.liveness import Liveness
 from gpu_workers.loop import DRAIN_LIMIT_NS, InstanceLoop, output_datatypes
+from gpu_workers.processes import HAND_OVER_SIGNAL
 from gpu_workers.warmup import run_warmup
 
 logger = logging.getLogger("gpu_workers")
@@ -157,8 +158,14 @@ def main(argv: list[str] | None = None) -> int:
             loop.stop_requested_ns = time.time_ns()
         loop.stopping.set()
 
+    def hand_over(signum: int, frame: FrameType | None) -> None:
+        logger.info("signal %d: a newer instance takes over; finishing what is held", signum)
+        loop.handing_over = True
+        stop(signum, frame)
+
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    signal.signal(HAND_OVER_SIGNAL, hand_over)
     report("READY")
     liveness.start()
     logger.info(

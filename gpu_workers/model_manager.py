@@ -42,7 +42,7 @@ from broker.scheduling import StreamLayout, scheduling_policy
 from broker.stats_store import fold_stats_shards
 from gpu_workers.backends.registry import auto_complete, gpu_available
 from gpu_workers.device import gpu_ids
-from gpu_workers.processes import Instance, Spawner, terminate
+from gpu_workers.processes import HAND_OVER_SIGNAL, Instance, Spawner, terminate
 from repository import (
     ModelSource,
     RepositoryError,
@@ -405,7 +405,11 @@ class ModelManager:
             self._retire(previous, gone, drain=True)
             kept = {v: i for v, i in previous.versions.items() if v in model.versions}
             for instances in kept.values():
-                terminate([i.process for i in instances if i.process], self.options.drain_timeout_s)
+                terminate(
+                    [i.process for i in instances if i.process],
+                    self.options.drain_timeout_s,
+                    HAND_OVER_SIGNAL,
+                )
             self._forget_generation(previous)
             if previous.temp_dir is not None and previous.temp_dir != model.temp_dir:
                 shutil.rmtree(previous.temp_dir, ignore_errors=True)

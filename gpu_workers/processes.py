@@ -112,11 +112,19 @@ class Spawner:
         instance.exited_at = 0.0
 
 
-def terminate(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float) -> None:
-    """SIGTERM every process, wait up to ``timeout_s`` s in all, SIGKILL what is left."""
+#: tells an instance that a newer one serving its streams replaces it (a reload): it
+#: finishes the requests it holds and exits, leaving the queue to the new one. SIGTERM
+#: (unload, shutdown) also runs what is still queued.
+HAND_OVER_SIGNAL = signal.SIGUSR2
+
+
+def terminate(
+    procs: Sequence[subprocess.Popen[bytes]], timeout_s: float, sig: int = signal.SIGTERM
+) -> None:
+    """Send ``sig`` to every process, wait up to ``timeout_s`` s in all, SIGKILL what is left."""
     for proc in procs:
         if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(sig)
     deadline = time.monotonic() + timeout_s
     for proc in procs:
         try:

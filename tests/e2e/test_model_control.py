@@ -501,3 +501,57 @@ def test_statistics_add_up_across_reloads_and_instance_shards_do_not_pile_up(
         assert list(after_unload.scan_iter(f"{prefix}:i:*")) == []
     finally:
         after_unload.close()
+
+
+def test_a_reload_under_steady_load_hands_the_queue_to_the_new_instances_at_once(
+    explicit_server: Server,
+) -> None:
+    """The replaced instances of a kept version finish what they hold and leave the
+    shared stream to the new ones (they used to take new requests until the stream stayed
+    empty, which under steady load it never does: the reload took the whole drain
+    timeout, 9 s here, while the old model answered)."""
+    client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
+    client.load_model("batch_scale")
+    override = {
+        "name": "batch_scale",
+        "backend": "onnxruntime",
+        "max_batch_size": 8,
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+        "dynamic_batching": {"max_queue_delay_microseconds": 1000},
+        "instance_group": [{"kind": "KIND_CPU", "count": 1}],
+    }
+    stop = threading.Event()
+    failures: list[Exception] = []
+    answered = [0]
+
+    def load_loop() -> None:
+        c = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=60)
+        while not stop.is_set():
+            try:
+                out = c.infer("batch_scale", _scale_input(1.0))
+                assert out.as_numpy("OUTPUT0").tolist() == [[3.0] * 4]
+                answered[0] += 1
+            except (InferenceServerException, AssertionError) as exc:
+                failures.append(exc)
+
+    threads = [threading.Thread(target=load_loop) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(1.0)
+        started = time.monotonic()
+        client.load_model("batch_scale", config=json.dumps(override))
+        took = time.monotonic() - started
+        before = answered[0]
+        time.sleep(0.5)
+        assert answered[0] > before  # the new instance serves
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    assert not failures, failures[:3]
+    assert took < 5.0, f"the reload took {took:.1f} s"
+    assert client.get_model_config("batch_scale")["max_batch_size"] == 8
+    assert _ready_instances(explicit_server, "batch_scale") == 1
+    client.unload_model("batch_scale")
