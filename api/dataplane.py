@@ -43,6 +43,10 @@ from broker.stats_store import StatsDelta, read_stats, triton_model_stats
 
 logger = logging.getLogger(__name__)
 
+#: longest wait of a health check (live, ready) on Redis, in s: Kubernetes probes time
+#: out after 1 s by default, the Redis socket timeout is 15 s.
+HEALTH_DEADLINE_S = 2.0
+
 #: extensions this server implements, in Triton's order (PROTOCOL.md 0).
 EXTENSIONS = (
     "classification",
@@ -116,9 +120,12 @@ class DataPlane:
     # -- health -----------------------------------------------------------------------------
 
     async def server_live(self) -> bool:
-        """Liveness: this process serves and Redis answers."""
+        """Liveness: this process serves and Redis answers within
+        :data:`HEALTH_DEADLINE_S` (a probe gets its answer in time, not after the Redis
+        socket timeout, when Redis is stalled)."""
         try:
-            return bool(await self._redis.ping())
+            async with asyncio.timeout(HEALTH_DEADLINE_S):
+                return bool(await self._redis.ping())
         except Exception:
             return False
 
@@ -127,26 +134,31 @@ class DataPlane:
 
         A version UNAVAILABLE with reason ``unloaded`` does not count against readiness;
         a READY version with no live instance (every heartbeat stale, e.g. the
-        supervisor was killed) does.
+        supervisor was killed) does. Not ready when Redis does not answer within
+        :data:`HEALTH_DEADLINE_S`.
         """
         try:
-            facts = await self.registry.server_facts()
-            if facts.get("startup") != "done":
-                return False
-            if not self.settings.strict_readiness:
-                return True
-            for record in await self.registry.records():
-                for version, state in record.versions.items():
-                    if state.state is ModelState.READY:
-                        if not await self.registry.live_instances(record.name, version):
-                            return False  # READY on record, but no instance answers
-                        continue
-                    if state.state is ModelState.UNAVAILABLE and state.reason == "unloaded":
-                        continue
-                    return False
-            return True
+            async with asyncio.timeout(HEALTH_DEADLINE_S):
+                return await self._ready()
         except Exception:
             return False
+
+    async def _ready(self) -> bool:
+        facts = await self.registry.server_facts()
+        if facts.get("startup") != "done":
+            return False
+        if not self.settings.strict_readiness:
+            return True
+        for record in await self.registry.records():
+            for version, state in record.versions.items():
+                if state.state is ModelState.READY:
+                    if not await self.registry.live_instances(record.name, version):
+                        return False  # READY on record, but no instance answers
+                    continue
+                if state.state is ModelState.UNAVAILABLE and state.reason == "unloaded":
+                    continue
+                return False
+        return True
 
     async def model_ready(self, model: str, version: int | None) -> bool:
         """Whether the model (version) is READY and has a live instance now.

@@ -7,6 +7,7 @@ import logging
 import time
 
 import redis.asyncio
+import redis.exceptions
 
 from api.metrics.exposition import render
 from api.metrics.families import model_families
@@ -19,6 +20,9 @@ from broker.keys import KeySchema
 __all__ = ["MetricsService"]
 
 logger = logging.getLogger(__name__)
+
+#: longest wait of a scrape on Redis, in s (under Prometheus's default 10 s scrape timeout).
+REDIS_DEADLINE_S = 5.0
 
 
 class MetricsService:
@@ -60,8 +64,20 @@ class MetricsService:
         await asyncio.to_thread(self.host.refresh)
 
     async def exposition(self) -> bytes:
-        """The Prometheus text of every family, model values read from Redis now."""
-        samples = await read_versions(self._redis, self._keys)
+        """The Prometheus text of every family, model values read from Redis now.
+
+        Raises:
+            redis.exceptions.RedisError: Redis unreachable, or silent for
+                :data:`REDIS_DEADLINE_S` (a stalled Redis answers a scrape in time
+                with an error instead of after Prometheus's 10 s scrape timeout).
+        """
+        try:
+            async with asyncio.timeout(REDIS_DEADLINE_S):
+                samples = await read_versions(self._redis, self._keys)
+        except TimeoutError as exc:
+            raise redis.exceptions.TimeoutError(
+                f"Redis did not answer within {REDIS_DEADLINE_S:g} s"
+            ) from exc
         families = model_families(
             samples,
             time.time_ns() // 1_000_000,

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
+import requests
 import tritonclient.http as httpclient
 from e2e_support import load_while, start_server, stop_server
 from tritonclient.utils import InferenceServerException
@@ -127,10 +128,21 @@ def test_a_redis_stall_past_the_heartbeat_bound_runs_nothing_twice(
         env={"LEDGER_DIR": str(tmp_path / "ledger")},
     )  # fmt: skip
 
+    probes: dict[str, tuple[int, float]] = {}
+
+    def probe(name: str, url: str) -> None:
+        started = time.monotonic()
+        status = requests.get(url, timeout=30).status_code
+        probes[name] = (status, time.monotonic() - started)
+
     def freeze() -> None:
         assert private_redis.process is not None
         os.kill(private_redis.process.pid, signal.SIGSTOP)
-        time.sleep(6.5)
+        time.sleep(0.2)
+        # health checks and scrapes answer in time, not after the 15 s socket timeout
+        probe("live", f"http://{server.http_url}/v2/health/live")
+        probe("metrics", server.metrics_url)
+        time.sleep(max(0.0, 6.5 - 0.2 - sum(t for _, t in probes.values())))
         os.kill(private_redis.process.pid, signal.SIGCONT)
 
     try:
@@ -138,6 +150,8 @@ def test_a_redis_stall_past_the_heartbeat_bound_runs_nothing_twice(
         log = server.log()
     finally:
         stop_server(server)
+    assert probes["live"][0] == 400 and probes["live"][1] < 3.0, probes
+    assert probes["metrics"][0] == 503 and probes["metrics"][1] < 6.0, probes
     assert len(results) > 30
     wrong = {v: a for v, a in results.items() if a != 2.0 * v}
     assert not wrong, list(wrong.items())[:3]
