@@ -13,9 +13,12 @@ A version's statistics are the sum of several hashes with the same fields:
   after the rest of the instance's pipeline ran), and sending it twice (a pipeline
   retried after a lost connection) counts nothing twice. The shards are listed in
   ``KeySchema.stats_shards``; an instance started again under its name goes on from
-  its shard's totals.
+  its shard's totals, a stopping one (and the supervisor, for the instances it
+  retires) folds its shard into the gateway hash (:func:`fold_stats_shards`), so
+  shards do not pile up with reloads and scaling.
 
-:func:`read_stats` reads and adds them up (``last_inference_ms``: the latest).
+:func:`read_stats` reads a version's hashes in one script (a shard folded meanwhile
+counts once) and adds them up (``last_inference_ms``: the latest).
 Field names:
 
 * ``success_count``/``success_ns``, ``fail_count``/``fail_ns``, ``queue_count``/``queue_ns``,

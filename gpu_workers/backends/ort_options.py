@@ -26,14 +26,18 @@ README, "Model Config Options" and "ONNX Runtime with TensorRT optimization"):
   the cores that the worker's Redis polling and the gateway need; the config
   parameter ``session.intra_op.allow_spinning`` = ``"1"`` turns it back on.
 * Sluice's own: a KIND_CPU instance whose config sets no ``intra_op_thread_count``
-  gets ``max(1, cores // CPU instances of the model)`` intra-op threads
-  (:func:`default_intra_op_threads`): ORT's one per core when the model has one
-  CPU instance, the instance's share of the cores when it has several (ORT would
-  give each instance every core, so N instances would oversubscribe them N
-  times). On 2 cores the MLP of ``benchmarks/bench_anchors.py`` served 20% more
-  requests per second at concurrency 32 with 2 threads than with 1 (5.9k vs 4.9k/s,
-  2026-11-29), and the same at concurrency 1 and 8. ``intra_op_thread_count: 0``
-  still asks for ORT's default.
+  gets ``max(1, (cores - 1) // CPU instances of the model)`` intra-op threads
+  (:func:`default_intra_op_threads`): the instance's share of the cores but one,
+  left to the gateway and Redis (ORT would give each instance every core, so N
+  instances would oversubscribe them N times, and the gateway would wait behind
+  ORT's threads). On 2 cores the MLP of ``benchmarks/bench_anchors.py`` at
+  concurrency 32 served 13% more requests per second with 1 thread than with 2 in
+  three alternating pairs (5072/4914/5165 vs 4546/4439/4403/s, 2026-11-30, with
+  Triton at 5686-5848/s in the same minutes), the same at concurrency 8
+  (1761/1764 vs 1757/1807) and 4% fewer at concurrency 1 (286/279 vs 298/294). (A
+  run on 2026-11-29, before the gateway sent its ``XADD`` commands within long loop
+  iterations, had measured the opposite: 5.9k/s with 2 threads against 4.9k/s.)
+  ``intra_op_thread_count: 0`` still asks for ORT's default.
 """
 
 from __future__ import annotations
@@ -205,8 +209,9 @@ def _providers(
 def default_intra_op_threads(config: ModelConfig, cores: int) -> int:
     """Intra-op threads of a KIND_CPU instance whose config names none (Sluice's default).
 
-    ``max(1, cores // n)`` where ``n`` is the model's KIND_CPU instance count
-    (Σ ``instance_group.count``): the instance's share of the cores.
+    ``max(1, (cores - 1) // n)`` where ``n`` is the model's KIND_CPU instance count
+    (Σ ``instance_group.count``): the instance's share of the cores but one, which is
+    left to the gateway and Redis that share the machine under ``sluice serve``.
 
     Args:
         config: the effective model config (``instance_group`` completed).
@@ -217,7 +222,7 @@ def default_intra_op_threads(config: ModelConfig, cores: int) -> int:
         for group in config.instance_group
         if group.kind == ModelInstanceGroup.Kind.KIND_CPU
     )
-    return max(1, cores // max(1, instances))
+    return max(1, (cores - 1) // max(1, instances))
 
 
 def session_settings(
