@@ -25,7 +25,7 @@ from api.validation import validate_request
 from broker.codec import CodecError, decode_request
 from broker.control import ControlCommand, encode_command
 from broker.errors import ErrorCode, SluiceError
-from broker.keys import WORKER_GROUP, KeySchema
+from broker.keys import KeySchema
 from broker.messages import (
     InferRequestMessage,
     InferResponseMessage,
@@ -38,7 +38,6 @@ from broker.multiplex import MultiplexedConnection
 from broker.producer import PAYLOAD_FIELD, QUEUE_FULL, Producer, enqueue_error
 from broker.replies import ReplyRouter
 from broker.scheduling import StreamLayout
-from broker.scripts import ACK_AND_COUNT
 from broker.stats_store import StatsDelta, read_stats, triton_model_stats
 
 logger = logging.getLogger(__name__)
@@ -314,11 +313,10 @@ class DataPlane:
     async def _count_rejection(self, model: str, version: int) -> None:
         delta = StatsDelta()
         delta.failure(request_ns=0, reason="REJECTED")
-        # the workers' script, with no stream entries to acknowledge
-        await self.connection.script(
-            ACK_AND_COUNT,
-            [self._keys.stats(model, version)],
-            [WORKER_GROUP, 0, delta.counter_text()],
+        key = self._keys.stats(model, version)
+        # queued together: one write with this iteration's other commands
+        await asyncio.gather(
+            *(self.connection.call("HINCRBY", key, name, n) for name, n in delta.counts.items())
         )
 
     # -- statistics -------------------------------------------------------------------------

@@ -17,7 +17,6 @@ import redis
 import redis.exceptions
 
 from broker.resp import pack_pipeline
-from broker.scripts import ALL_SCRIPTS
 
 Command = Sequence[object]
 
@@ -27,8 +26,8 @@ class DirectConnection:
 
     A lost connection is re-opened once per pipeline (a command whose reply was lost may
     have run; callers' commands tolerate that: ``XACK`` is idempotent, a duplicate
-    reply is dropped by the gateway). ``EVALSHA`` of an unknown script (Redis
-    restarted) loads :data:`broker.scripts.ALL_SCRIPTS` and runs again.
+    reply is dropped by the gateway). The instance loop sends plain commands only, no
+    scripts.
 
     Args:
         client: the process's synchronous client (its URL and timeouts are used).
@@ -49,21 +48,10 @@ class DirectConnection:
                 unreachable twice in a row, or does not answer within the socket timeout.
         """
         try:
-            replies = self._round_trip(commands)
+            return self._round_trip(commands)
         except redis.exceptions.ConnectionError:
             self._conn.disconnect()
-            replies = self._round_trip(commands)
-        missing = [
-            i
-            for i, r in enumerate(replies)
-            if isinstance(r, redis.exceptions.NoScriptError)
-        ]
-        if missing:
-            self._round_trip([("SCRIPT", "LOAD", s.body) for s in ALL_SCRIPTS])
-            again = self._round_trip([commands[i] for i in missing])
-            for i, reply in zip(missing, again, strict=True):
-                replies[i] = reply
-        return replies
+            return self._round_trip(commands)
 
     def _round_trip(self, commands: Sequence[Command]) -> list[Any]:
         conn = self._conn

@@ -1,4 +1,5 @@
-"""Lua scripts Sluice runs in Redis, addressed by SHA1 (``EVALSHA``).
+"""Lua scripts Sluice runs in Redis: those of the gateways' request path addressed by SHA1
+(``EVALSHA``, loaded again on ``NOSCRIPT``), the rare ones sent whole (``EVAL``).
 
 Each script touches the keys of one hash slot only (one model's keys share the
 hash tag ``{model}``; a reply list is a key of its own), so they also run on a
@@ -26,32 +27,6 @@ class Script:
         return ("EVALSHA", self.sha, len(keys), *keys, *args)
 
 
-#: Acknowledge and delete finished stream entries and add to the statistics hash, at once.
-#: KEYS[1]: the version's statistics hash; KEYS[2..]: streams.
-#: ARGV[1]: consumer group; ARGV[2]: last_inference_ms ('0' = keep); ARGV[3]: the counter
-#: increments as one string "field delta field delta ..." (one argument is cheaper to
-#: send than dozens); then, for each stream in KEYS order, a count c and c entry ids.
-ACK_AND_COUNT = Script(
-    """
-local group = ARGV[1]
-if ARGV[2] ~= '0' then redis.call('HSET', KEYS[1], 'last_inference_ms', ARGV[2]) end
-for name, delta in string.gmatch(ARGV[3], '(%S+) (%S+)') do
-  redis.call('HINCRBY', KEYS[1], name, delta)
-end
-local i = 4
-for k = 2, #KEYS do
-  local c = tonumber(ARGV[i])
-  i = i + 1
-  if c > 0 then
-    redis.call('XACK', KEYS[k], group, unpack(ARGV, i, i + c - 1))
-    redis.call('XDEL', KEYS[k], unpack(ARGV, i, i + c - 1))
-    i = i + c
-  end
-end
-return 1
-"""
-)
-
 #: ``max_queue_size`` (Triton ``ModelQueuePolicy``) enforced at ``XADD`` time: refused (0)
 #: when the stream already holds that many entries no instance has taken yet (stream
 #: length minus the consumer group's pending count); otherwise returns the new entry's id,
@@ -76,8 +51,8 @@ return redis.call('XADD', KEYS[1], '*', 'm', ARGV[3])
 #: consumer group's pending list (an instance holds it: it runs) or no longer on the stream.
 #: Deleting a not-taken entry keeps ``BOUNDED_XADD``'s count (length minus pending) right.
 #: KEYS[1]: stream; KEYS[2]: the version's statistics hash.
-#: ARGV[1]: consumer group; ARGV[2]: entry id; ARGV[3]: counter increments as in
-#: ``ACK_AND_COUNT`` ("field delta field delta ...").
+#: ARGV[1]: consumer group; ARGV[2]: entry id; ARGV[3]: the counter increments as one
+#: string "field delta field delta ..." (``StatsDelta.counter_text``).
 CANCEL_QUEUED = Script(
     """
 local ok, pending = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
@@ -94,7 +69,8 @@ return 1
 #: instance stopped; readers never see its counts twice or not at all): every field added
 #: (``last_inference_ms``: the later one kept), the shard deleted and taken off the list.
 #: KEYS[1]: the version's statistics hash; KEYS[2]: the shard; KEYS[3]: the shard list.
-#: Returns the number of fields folded (0: no such shard).
+#: Returns the number of fields folded (0: no such shard). Sent whole (``EVAL``): it runs
+#: when instances stop.
 FOLD_STATS = Script(
     """
 local fields = redis.call('HGETALL', KEYS[2])
@@ -117,7 +93,8 @@ return #fields / 2
 #: shard (in one script, so that a shard folded meanwhile is seen once: in its shard or in
 #: the gateway hash, never in neither). The shards share the version's hash slot.
 #: KEYS[1]: the version's statistics hash; KEYS[2]: the shard list.
-#: Returns a list of HGETALL replies, the gateway hash's first.
+#: Returns a list of HGETALL replies, the gateway hash's first. Sent whole (``EVAL``,
+#: which Redis caches by digest): a statistics read or scrape, not the request path.
 READ_STATS = Script(
     """
 local out = {redis.call('HGETALL', KEYS[1])}
@@ -127,5 +104,3 @@ end
 return out
 """
 )
-
-ALL_SCRIPTS = (ACK_AND_COUNT, BOUNDED_XADD, CANCEL_QUEUED, FOLD_STATS, READ_STATS)

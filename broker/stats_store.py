@@ -3,8 +3,8 @@
 A version's statistics are the sum of several hashes with the same fields:
 
 * ``KeySchema.stats``: what the gateways count (a request rejected at the door, one
-  cancelled in the queue), incremented with ``HINCRBY`` by the scripts
-  ``broker.scripts.ACK_AND_COUNT`` and ``CANCEL_QUEUED``;
+  cancelled in the queue), incremented with ``HINCRBY`` (a cancellation inside the
+  script ``broker.scripts.CANCEL_QUEUED``);
 * one ``KeySchema.stats_shard`` per model instance (:class:`StatsShard`): the instance
   keeps its totals in memory and writes the fields an execution changed, as totals,
   with one ``HSET`` in the same pipeline that acknowledges the batch. An ``HSET`` of
@@ -40,7 +40,6 @@ from typing import Any
 
 import redis
 import redis.asyncio
-import redis.exceptions
 
 from broker.keys import KeySchema
 from broker.scripts import FOLD_STATS, READ_STATS
@@ -61,8 +60,8 @@ class ExecutionTimes:
 @dataclass(slots=True)
 class StatsDelta:
     """Counter increments of one version, gathered in memory: added to an instance's
-    :class:`StatsShard`, or sent as one script argument (:meth:`counter_text` for
-    ``broker.scripts.ACK_AND_COUNT``)."""
+    :class:`StatsShard`, or sent by a gateway as ``HINCRBY`` commands or one script
+    argument (:meth:`counter_text` for ``broker.scripts.CANCEL_QUEUED``)."""
 
     counts: dict[str, int] = field(default_factory=dict)
     last_inference_ms: int = 0
@@ -127,7 +126,7 @@ class StatsDelta:
             self.add("cancel_ns", max(0, request_ns))
 
     def counter_text(self) -> str:
-        """The increments as ``"field delta field delta …"`` (``scripts.ACK_AND_COUNT``)."""
+        """The increments as ``"field delta field delta …"`` (``scripts.CANCEL_QUEUED``)."""
         return " ".join([f"{name} {value}" for name, value in self.counts.items()])
 
 
@@ -195,9 +194,11 @@ def fold_stats_shards(
         redis.exceptions.RedisError: Redis unreachable.
     """
     base, registry = keys.stats(model, version), keys.stats_shards(model, version)
-    for instance in instances:
-        shard = keys.stats_shard(model, version, instance)
-        client.eval(FOLD_STATS.body, 3, base, shard, registry)
+    with client.pipeline(transaction=False) as pipe:
+        for instance in instances:
+            shard = keys.stats_shard(model, version, instance)
+            pipe.eval(FOLD_STATS.body, 3, base, shard, registry)
+        pipe.execute()
 
 
 def merge_stats(hashes: Sequence[Mapping[bytes, bytes]]) -> VersionStats:
@@ -225,20 +226,11 @@ async def read_stats(
     """
     if not versions:
         return []
-    for attempt in range(2):
-        async with client.pipeline(transaction=False) as pipe:
-            for model, version in versions:
-                pipe.evalsha(
-                    READ_STATS.sha, 2, keys.stats(model, version), keys.stats_shards(model, version)
-                )
-            replies = await pipe.execute(raise_on_error=False)
-        if attempt == 0 and any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
-            await client.script_load(READ_STATS.body)  # a restarted Redis forgot it
-            continue
-        break
-    for reply in replies:
-        if isinstance(reply, Exception):
-            raise reply
+    async with client.pipeline(transaction=False) as pipe:
+        for model, version in versions:
+            base, registry = keys.stats(model, version), keys.stats_shards(model, version)
+            pipe.eval(READ_STATS.body, 2, base, registry)
+        replies = await pipe.execute()
     return [merge_stats([_pairs(flat) for flat in reply]) for reply in replies]
 
 

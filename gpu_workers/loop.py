@@ -432,7 +432,6 @@ class InstanceLoop:
             # Triton's backends report an execution's batch statistics (execution_count,
             # batch_stats) unless every response of it failed (onnxruntime_backend)
             delta.execution(executed_size, times)
-        if successes:
             enqueued = [item.delivery.message.enqueued_ns for _, item in successes]
             delta.successes(
                 count=len(successes),

@@ -239,7 +239,7 @@ def test_a_folded_shard_moves_into_the_version_hash_once(
 
     expected = {"fail_count": 3, "fail_ns": 4, "fail_reason:OTHER": 1, "last_inference_ms": 900}
     assert asyncio.run(totals()) == expected
-    client.script_flush()  # as after a Redis restart: the reading script is loaded again
+    client.script_flush()  # as after a Redis restart: the reading script is sent whole
     assert asyncio.run(totals()) == expected
     for _ in range(2):  # the supervisor may fold what the instance folded at its exit
         fold_stats_shards(client, keys, "m", 1, ["instance-0"])
