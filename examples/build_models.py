@@ -9,8 +9,9 @@ are written:
 
 * ``digits``: a handwritten-digit classifier (scikit-learn ``LogisticRegression``
   trained on the bundled ``load_digits`` data set, exported with skl2onnx).
-  Input ``input`` FP32 [-1, 64]; outputs ``label`` INT64 [-1] and
-  ``probabilities`` FP32 [-1, 10]. Dynamic batching, ``max_batch_size: 64``.
+  Input ``input`` FP32 [-1, 64]; outputs ``label`` INT64 (the graph's [-1], served
+  as [-1, 1]: ``dims: [ 1 ]`` with ``reshape { shape: [ ] }``, Triton's reshape rule)
+  and ``probabilities`` FP32 [-1, 10]. Dynamic batching, ``max_batch_size: 64``.
 * ``add_sub``: built with ``onnx.helper``. Inputs ``INPUT0``/``INPUT1`` FP32
   [-1, 16]; outputs ``OUTPUT0 = INPUT0 + INPUT1`` and
   ``OUTPUT1 = INPUT0 - INPUT1``. ``max_batch_size: 8``, no dynamic batching.
