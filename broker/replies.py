@@ -16,12 +16,14 @@ import logging
 import time
 from collections.abc import Callable
 
+import hiredis
 import redis.asyncio
 import redis.exceptions
 
 from broker.codec import CodecError, decode_response
 from broker.errors import ErrorCode, SluiceError
 from broker.messages import InferResponseMessage
+from broker.resp import pack_pipeline
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +31,12 @@ logger = logging.getLogger(__name__)
 _POP_BLOCK_S = 1.0
 #: most responses taken per round trip.
 _POP_COUNT = 256
+#: blocking pops queued on the connection at once; more are sent when at most
+#: ``_POP_REFILL_AT`` are left (one write per few answers instead of one per answer).
+_POPS_QUEUED = 8
+_POP_REFILL_AT = 4
+#: a connection given up for a stalled one is closed at the latest this long after, in s.
+_RETIRED_CLOSE_S = 60.0
 
 
 class ReplyRouter:
@@ -37,14 +45,15 @@ class ReplyRouter:
     Args:
         url: Redis URL; the reader holds a connection of its own (it blocks in ``BLMPOP``).
         reply_key: this gateway's reply list.
+        client_name: the reader connection's name in Redis (``CLIENT SETNAME``), if any.
     """
 
-    def __init__(self, url: str, reply_key: str) -> None:
-        # no socket timeout on the connection (redis-py would wrap every write in a task);
-        # each read is bounded below instead
+    def __init__(self, url: str, reply_key: str, client_name: str | None = None) -> None:
+        # no socket timeout on the connection; a stalled one is noticed by the popper
         self._pool = redis.asyncio.ConnectionPool.from_url(
-            url, protocol=2, socket_timeout=None, socket_connect_timeout=5
-        )
+            url, protocol=2, socket_timeout=None, socket_connect_timeout=5,
+            client_name=client_name,
+        )  # fmt: skip
         self.reply_key = reply_key
         self._waiting: dict[str, asyncio.Future[InferResponseMessage]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -109,36 +118,41 @@ class ReplyRouter:
             on_cancel()
 
     async def _read_forever(self) -> None:
-        conn = self._pool.make_connection()
-        try:
-            await self._pop_forever(conn)
-        finally:
-            await conn.disconnect(nowait=True)
-
-    async def _pop_forever(self, conn: redis.asyncio.Connection) -> None:
-        backoff_s = 0.05
-        command = conn.pack_command(
-            "BLMPOP", _POP_BLOCK_S, 1, self.reply_key, "LEFT", "COUNT", _POP_COUNT
+        """Connect, pop until the connection is lost or stalls, connect again (backoff)."""
+        command = pack_pipeline(
+            [("BLMPOP", _POP_BLOCK_S, 1, self.reply_key, "LEFT", "COUNT", _POP_COUNT)]
         )
+        backoff_s = 0.05
         while True:
+            conn = self._pool.make_connection()
             try:
-                await conn.send_packed_command(command, check_health=False)
                 async with asyncio.timeout(_POP_BLOCK_S + 5):
-                    popped = await conn.read_response()
-                backoff_s = 0.05
-            except TimeoutError:
-                logger.warning("reply reader: Redis did not answer BLMPOP; reconnecting")
-                await conn.disconnect(nowait=True)
-                continue
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                    await conn.connect()
+            except (redis.exceptions.RedisError, TimeoutError, OSError) as exc:
                 logger.warning("reply reader lost Redis (%s); retrying in %.2fs", exc, backoff_s)
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 2.0)
                 continue
-            if not popped:
-                continue
-            for payload in popped[1]:
-                self._deliver(payload)
+            backoff_s = 0.05
+            # redis-py opened the connection (TLS, AUTH, SELECT); its replies are parsed
+            # in the transport's callback from here on, without a reader task; the
+            # connection is the popper's now (redis-py's would close it when collected)
+            writer = conn._writer
+            conn._reader = conn._writer = None
+            transport = writer.transport  # type: ignore[union-attr]
+            popper = _Popper(self._deliver, command, writer)
+            transport.set_protocol(popper)
+            popper.connection_made(transport)
+            try:
+                await popper.watch()
+            except BaseException:
+                transport.abort()  # the gateway is stopping
+                raise
+            # A stalled connection is not dropped: the pops queued on it may still run
+            # once Redis goes on, and what they pop must reach the waiting requests. It
+            # takes no new pops and closes once its queue is answered (or after a bound).
+            popper.retire()
+            asyncio.get_running_loop().call_later(_RETIRED_CLOSE_S, transport.abort)
 
     def _deliver(self, payload: bytes) -> None:
         try:
@@ -151,6 +165,99 @@ class ReplyRouter:
             logger.debug("dropping reply for %s: nobody waits for it", response.request_id)
             return
         future.set_result(response)
+
+
+class _Popper(asyncio.Protocol):
+    """Keeps several ``BLMPOP`` commands queued on one connection and hands each popped
+    response to ``deliver`` from the transport's data callback.
+
+    Redis runs a blocked client's next pipelined command as soon as the one before it
+    is answered, so a queue of pops costs one write per few answers. Re-issuing one pop
+    per answer cost a socket write on the answer path of every request, and reading
+    through redis-py a reader task's wake-up per answer (identity model at one client:
+    the gateway's CPU per request −25 µs for the queue of pops). Each queued pop waits
+    at most :data:`_POP_BLOCK_S`, so one answer is due within that bound while pops
+    are queued.
+
+    Args:
+        deliver: called with each popped payload (bytes).
+        command: one packed ``BLMPOP`` command.
+        writer: the ``asyncio.StreamWriter`` the connection was opened with; held so
+            that it is not collected (it would close the transport).
+    """
+
+    def __init__(self, deliver: Callable[[bytes], None], command: bytes, writer: object) -> None:
+        self._deliver = deliver
+        self._writer = writer
+        self._command = command
+        self._parser = hiredis.Reader()
+        self._transport: asyncio.Transport | None = None
+        self._queued = 0
+        self._retiring = False
+        self._last_reply_ns = time.monotonic_ns()
+        self._lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self._transport is None:
+            self._transport = transport  # type: ignore[assignment]
+            self._refill()
+
+    def retire(self) -> None:
+        """Queue no more pops; close the connection once the queued ones are answered."""
+        self._retiring = True
+        if self._queued <= 0 and self._transport is not None:
+            self._transport.close()
+
+    def _refill(self) -> None:
+        transport = self._transport
+        if self._retiring:
+            if self._queued <= 0 and transport is not None:
+                transport.close()
+            return
+        if transport is not None and not transport.is_closing():
+            transport.write(self._command * (_POPS_QUEUED - self._queued))
+            self._queued = _POPS_QUEUED
+
+    def data_received(self, data: bytes) -> None:
+        self._parser.feed(data)
+        try:
+            while (reply := self._parser.gets()) is not False:
+                self._queued -= 1
+                self._last_reply_ns = time.monotonic_ns()
+                if isinstance(reply, hiredis.ReplyError):
+                    logger.warning("reply reader: BLMPOP failed: %s", reply)
+                elif reply:
+                    for payload in reply[1]:
+                        self._deliver(payload)
+        except hiredis.ProtocolError:
+            logger.exception("reply reader: unparsable reply from Redis; reconnecting")
+            self._set_lost()
+            return
+        if self._queued <= _POP_REFILL_AT or self._retiring:
+            self._refill()
+
+    def eof_received(self) -> bool:
+        self._set_lost()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None:
+            logger.warning("reply reader lost Redis (%s); reconnecting", exc)
+        self._set_lost()
+
+    def _set_lost(self) -> None:
+        if not self._lost.done():
+            self._lost.set_result(None)
+
+    async def watch(self) -> None:
+        """Return when the connection is lost, or when Redis answered no pop for
+        :data:`_POP_BLOCK_S` + 5 s (a stalled Redis; the caller reconnects)."""
+        limit_ns = int((_POP_BLOCK_S + 5) * 1e9)
+        while not self._lost.done():
+            await asyncio.wait([self._lost], timeout=1.0)
+            if time.monotonic_ns() - self._last_reply_ns > limit_ns:
+                logger.warning("reply reader: Redis did not answer BLMPOP; reconnecting")
+                return
 
 
 def _expire(future: asyncio.Future[InferResponseMessage]) -> None:
