@@ -2,11 +2,12 @@
 
 Commands issued during one event-loop tick are written together (one write, one
 pipeline; in a tick that runs longer, every ``FLUSH_AFTER_NS``); replies come back
-in order on the same connection and resolve each caller's future. This is Redis
-pipelining applied across concurrent requests: at concurrency 32 one ``XADD``
-write carries many requests, at concurrency 1 a command costs one write and one
-read callback instead of redis-py's pool checkout, retry wrapper and per-call
-timeout task.
+in order on the same connection and resolve each caller's future from the
+transport's data callback. This is Redis pipelining applied across concurrent
+requests: at concurrency 32 one ``XADD`` write carries many requests, at
+concurrency 1 a command costs one write and one read callback instead of
+redis-py's pool checkout, retry wrapper, per-call timeout task and reader task.
+redis-py still opens each connection (URL, TLS, AUTH, SELECT); hiredis parses.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+import hiredis
 import redis.asyncio
 import redis.exceptions
 
@@ -31,14 +33,16 @@ logger = logging.getLogger(__name__)
 #: all at once from the caller's stack, instead of at the next loop iteration.
 FLUSH_AFTER_NS = 200_000
 
+_Batch = list[tuple[Sequence[object], "asyncio.Future[Any]"]]
+
 
 class MultiplexedConnection:
     """Pipelines the commands of many coroutines over one connection.
 
     Every wait is bounded: a watchdog fails every command in flight with
-    ``TimeoutError`` (and reconnects) when Redis has not answered for
+    ``TimeoutError`` (and drops the connection) when Redis has not answered for
     ``timeout_s``. A lost connection fails the commands in flight with
-    ``ConnectionError``; the next command reconnects.
+    ``ConnectionError``; the next command connects again.
 
     Args:
         url: Redis URL (``redis://``, ``rediss://``, ``unix://``).
@@ -49,35 +53,35 @@ class MultiplexedConnection:
         self._pool = redis.asyncio.ConnectionPool.from_url(
             url, protocol=2, socket_timeout=None, socket_connect_timeout=timeout_s
         )
+        self._timeout_s = timeout_s
         self._timeout_ns = int(timeout_s * 1e9)
-        self._conn: Any = None
-        self._outbox: list[tuple[Sequence[object], asyncio.Future[Any]]] = []
+        self._link: _Link | None = None
+        self._connecting: asyncio.Task[None] | None = None
+        self._outbox: _Batch = []
         self._outbox_since_ns = 0
-        self._inflight: deque[asyncio.Future[Any]] = deque()
-        self._wake = asyncio.Event()
-        self._progress_ns = time.monotonic_ns()
-        self._tasks: list[asyncio.Task[None]] = []
-        self._reader: asyncio.Task[None] | None = None
+        self._flush_scheduled = False
+        self._watchdog: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Start the writer and the watchdog (idempotent)."""
-        if not self._tasks:
-            self._tasks = [
-                asyncio.create_task(self._write_forever(), name="sluice-redis-writer"),
-                asyncio.create_task(self._watch_forever(), name="sluice-redis-watchdog"),
-            ]
+        """Start the watchdog (idempotent); the first command connects."""
+        if self._watchdog is None:
+            self._watchdog = asyncio.create_task(
+                self._watch_forever(), name="sluice-redis-watchdog"
+            )
 
     async def stop(self) -> None:
-        """Stop the tasks, fail what is waiting (``ConnectionError``), close the connection."""
-        for task in [*self._tasks, *([self._reader] if self._reader else [])]:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks = []
-        self._reader = None
-        self._fail_all(redis.exceptions.ConnectionError("connection closed"))
-        if self._conn is not None:
-            await self._conn.disconnect()
+        """Stop, fail what is waiting (``ConnectionError``), close the connection."""
+        for task in (self._watchdog, self._connecting):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._watchdog = self._connecting = None
+        closed = redis.exceptions.ConnectionError("connection closed")
+        self._fail_outbox(closed)
+        link, self._link = self._link, None
+        if link is not None:
+            link.close(closed)
         await self._pool.disconnect()
 
     def call(self, *args: object) -> asyncio.Future[Any]:
@@ -86,17 +90,24 @@ class MultiplexedConnection:
         The future raises ``redis.exceptions.ResponseError`` for an error reply,
         ``ConnectionError`` / ``TimeoutError`` when Redis is unreachable or silent.
         """
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        if not self._tasks:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        if self._watchdog is None:
             future.set_exception(redis.exceptions.ConnectionError("connection not started"))
             return future
         outbox = self._outbox
         outbox.append((args, future))
         if len(outbox) == 1:
             self._outbox_since_ns = time.monotonic_ns()
-            self._wake.set()
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                loop.call_soon(self._flush)
         elif time.monotonic_ns() - self._outbox_since_ns >= FLUSH_AFTER_NS:
-            self._send_now()
+            # One loop iteration can run for milliseconds (a gateway parsing dozens of
+            # requests that arrived together); written only at its end, the first queued
+            # XADD waited 0.5-0.7 ms at p50 and 2 ms at p90 (MLP at 32 clients) while
+            # model instances sat idle.
+            self._send()
         return future
 
     async def script(self, script: Script, keys: list[str], args: list[object]) -> Any:
@@ -111,133 +122,170 @@ class MultiplexedConnection:
             await self.call("SCRIPT", "LOAD", script.body)
             return await self.call(*script.command(keys, args))
 
-    def _send_now(self) -> None:
-        """Write the outbox from the caller's stack.
+    # -- writing -----------------------------------------------------------------------------
 
-        One loop iteration can run for milliseconds (a gateway parsing dozens of requests
-        that arrived together); the writer task would send their commands only after all
-        of them, while model instances sit idle (MLP at 32 clients: the first queued
-        ``XADD`` waited 0.5-0.7 ms at p50 and 2 ms at p90). Sent only on a connection whose
-        reader runs (so its handshake is over) and whose write buffer is empty; otherwise
-        the writer task sends them as usual.
-        """
-        conn = self._conn
-        writer = getattr(conn, "_writer", None)  # redis-py's asyncio.StreamWriter
-        if (
-            self._reader is None
-            or writer is None
-            or writer.is_closing()
-            or writer.transport.get_write_buffer_size()
-        ):
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        self._send()
+
+    def _send(self) -> None:
+        """Write the outbox now, or connect first (the commands wait for the connection)."""
+        if not self._outbox:
             return
-        batch = self._take_outbox()
-        if batch:
-            writer.write(self._send_order(batch))
-
-    def _take_outbox(self) -> list[tuple[Sequence[object], asyncio.Future[Any]]]:
-        """Empty the outbox; commands whose caller stopped waiting are not sent."""
+        link = self._link
+        if link is not None and not link.usable:
+            link.close(redis.exceptions.ConnectionError("connection closed"))  # -> _lost
+            return
+        if link is None:
+            if self._connecting is None and self._watchdog is not None:
+                self._connecting = asyncio.create_task(self._connect(), name="sluice-redis-connect")
+            return
         batch, self._outbox = self._outbox, []
-        return [(args, f) for args, f in batch if not f.done()]
+        link.send([(args, f) for args, f in batch if not f.done()])
 
-    def _send_order(self, batch: list[tuple[Sequence[object], asyncio.Future[Any]]]) -> bytes:
-        """Mark ``batch`` in flight (its replies come back in this order) and pack it."""
-        if not self._inflight:
-            self._progress_ns = time.monotonic_ns()
-        self._inflight.extend(f for _, f in batch)
-        return pack_pipeline([args for args, _ in batch])
+    async def _connect(self) -> None:
+        """Open a connection with redis-py, then parse its replies in :class:`_Link`. A
+        failure fails the commands waiting for it."""
+        try:
+            conn = self._pool.make_connection()
+            async with asyncio.timeout(self._timeout_s):
+                await conn.connect()
+            writer = conn._writer  # the connection is the link's from here on: redis-py's
+            conn._reader = conn._writer = None  # Connection would close it when collected
+            link = _Link(writer)
+            writer.transport.set_protocol(link)  # type: ignore[union-attr]
+            link.connection_made(writer.transport)  # type: ignore[union-attr]
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._connecting = None
+            self._fail_outbox(_as_redis_error(exc))
+            return
+        link.on_lost = self._lost
+        self._link = link
+        self._connecting = None
+        self._send()
 
-    # -- tasks -------------------------------------------------------------------------------
+    # -- failures ----------------------------------------------------------------------------
 
-    async def _write_forever(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            batch = self._take_outbox()
-            if not batch:
-                continue
-            try:
-                conn = await self._connected()
-                packed = self._send_order(batch)
-                await conn.send_packed_command([packed], check_health=False)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(_as_redis_error(exc))
-                await self._reset(exc)
-
-    async def _connected(self) -> Any:
-        if self._conn is None:
-            self._conn = self._pool.make_connection()
-        if not self._conn.is_connected:
-            await self._conn.connect()
-            self._reader = asyncio.create_task(
-                self._read_forever(self._conn), name="sluice-redis-reader"
-            )
-        return self._conn
-
-    async def _read_forever(self, conn: Any) -> None:
-        while True:
-            try:
-                reply = await conn.read_response(disconnect_on_error=False)
-            except redis.exceptions.ResponseError as exc:
-                reply = exc
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if conn is self._conn:
-                    self._reader = None
-                    await self._reset(exc)
-                return
-            self._progress_ns = time.monotonic_ns()
-            if not self._inflight:
-                logger.error("Redis sent a reply nobody asked for; reconnecting")
-                await self._reset(redis.exceptions.ConnectionError("unexpected reply"))
-                return
-            future = self._inflight.popleft()
-            if future.done():
-                continue
-            if isinstance(reply, Exception):
-                future.set_exception(reply)
-            else:
-                future.set_result(reply)
+    def _lost(self, link: _Link) -> None:
+        """The link's connection closed (its in-flight commands were failed)."""
+        if self._link is link:
+            self._link = None
+        if self._outbox:
+            self._send()  # queued after the failure: sent on a new connection
 
     async def _watch_forever(self) -> None:
         period_s = min(1.0, self._timeout_ns / 4e9)
         while True:
             await asyncio.sleep(period_s)
-            if self._inflight and time.monotonic_ns() - self._progress_ns > self._timeout_ns:
-                logger.warning(
-                    "Redis did not answer for %.1f s; reconnecting", self._timeout_ns / 1e9
-                )
-                await self._reset(redis.exceptions.TimeoutError("Timeout reading from Redis"))
+            link = self._link
+            if link is not None and link.stalled_for_ns() > self._timeout_ns:
+                logger.warning("Redis did not answer for %.1f s; reconnecting", self._timeout_s)
+                link.close(redis.exceptions.TimeoutError("Timeout reading from Redis"))
 
-    async def _reset(self, exc: BaseException) -> None:
-        """Drop the connection and fail the commands in flight (their error says they were
-        sent, so they may have run: an ``XADD`` may still be executed by an instance)."""
-        error = _as_redis_error(exc)
-        sent = type(error)(f"{error} (sent before the connection was lost: it may have run)")
-        self._fail_all(sent, outbox=False)
-        if self._outbox:
-            self._wake.set()  # queued after the failure: sent on a new connection
-        reader, self._reader = self._reader, None
-        conn, self._conn = self._conn, None
-        if reader is not None and reader is not asyncio.current_task():
-            reader.cancel()
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                await conn.disconnect(nowait=True)
-
-    def _fail_all(self, exc: BaseException, outbox: bool = True) -> None:
-        futures = list(self._inflight)
-        self._inflight.clear()
-        if outbox:
-            futures.extend(f for _, f in self._outbox)
-            self._outbox = []
-        for future in futures:
+    def _fail_outbox(self, exc: BaseException) -> None:
+        batch, self._outbox = self._outbox, []
+        for _, future in batch:
             if not future.done():
                 future.set_exception(exc)
+
+
+class _Link(asyncio.Protocol):
+    """One open connection: writes pipelines, resolves their futures in reply order.
+
+    Args:
+        writer: the ``asyncio.StreamWriter`` redis-py opened the connection with; held
+            so that it is not collected (it would close the transport).
+    """
+
+    def __init__(self, writer: object) -> None:
+        self._writer = writer
+        self._transport: asyncio.Transport | None = None
+        self._parser = hiredis.Reader()
+        self._inflight: deque[asyncio.Future[Any]] = deque()
+        self._progress_ns = time.monotonic_ns()
+        self._error: BaseException | None = None
+        self.on_lost: Any = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self._transport is None:
+            self._transport = transport  # type: ignore[assignment]
+
+    def send(self, batch: _Batch) -> None:
+        if not batch:
+            return
+        if self._error is not None or self._transport is None:
+            for _, future in batch:
+                future.set_exception(self._error or redis.exceptions.ConnectionError("closed"))
+            return
+        if not self._inflight:
+            self._progress_ns = time.monotonic_ns()
+        self._inflight.extend(f for _, f in batch)
+        self._transport.write(pack_pipeline([args for args, _ in batch]))
+
+    @property
+    def usable(self) -> bool:
+        """Open and not closing."""
+        transport = self._transport
+        return self._error is None and transport is not None and not transport.is_closing()
+
+    def stalled_for_ns(self) -> int:
+        """How long replies have been due without one arriving, in ns (0: none due)."""
+        return time.monotonic_ns() - self._progress_ns if self._inflight else 0
+
+    def data_received(self, data: bytes) -> None:
+        self._parser.feed(data)
+        inflight = self._inflight
+        try:
+            while (reply := self._parser.gets()) is not False:
+                if not inflight:
+                    logger.error("Redis sent a reply nobody asked for; reconnecting")
+                    self.close(redis.exceptions.ConnectionError("unexpected reply"))
+                    return
+                future = inflight.popleft()
+                if future.done():
+                    continue
+                if isinstance(reply, hiredis.ReplyError):
+                    future.set_exception(_response_error(str(reply)))
+                else:
+                    future.set_result(reply)
+        except hiredis.ProtocolError as exc:
+            logger.error("unparsable reply from Redis (%s); reconnecting", exc)
+            self.close(redis.exceptions.ConnectionError(f"protocol error: {exc}"))
+            return
+        self._progress_ns = time.monotonic_ns()
+
+    def eof_received(self) -> bool:
+        return False  # the transport closes: connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.close(
+            _as_redis_error(exc) if exc else redis.exceptions.ConnectionError("connection closed")
+        )
+
+    def close(self, exc: BaseException) -> None:
+        """Close the connection and fail the commands in flight (their error says they were
+        sent, so they may have run: an ``XADD`` may still be executed by an instance)."""
+        if self._error is not None:
+            return
+        error = _as_redis_error(exc)
+        self._error = type(error)(f"{error} (sent before the connection was lost: it may have run)")
+        futures, self._inflight = self._inflight, deque()
+        for future in futures:
+            if not future.done():
+                future.set_exception(self._error)
+        if self._transport is not None:
+            self._transport.abort()
+        if self.on_lost is not None:
+            self.on_lost(self)
+
+
+def _response_error(message: str) -> redis.exceptions.ResponseError:
+    """redis-py's exception for an error reply (``NOSCRIPT`` -> ``NoScriptError``)."""
+    if message.startswith("NOSCRIPT"):
+        return redis.exceptions.NoScriptError(message)
+    return redis.exceptions.ResponseError(message)
 
 
 def _as_redis_error(exc: BaseException) -> redis.exceptions.RedisError:
