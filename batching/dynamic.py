@@ -4,6 +4,8 @@ The worker loop feeds it facts (`DynamicBatcher.offer`) and asks for decisions
 (`take`, `expired`, `wake_at`); time is always passed in as ``now_ns`` from the
 caller's ``time.monotonic_ns()``, so nothing here sleeps or reads a clock.
 `Pending` is metadata only; tensors stay with the worker (`batching.tensors`).
+The per-request records are plain slotted dataclasses, not frozen ones (see
+``broker.messages``: a frozen one costs several times more to build).
 
 A request is *expired* when ``now_ns > arrival_ns + timeout_ns`` (Triton's
 ``now > timeout_timestamp`` in ``PolicyQueue::ApplyPolicy``); the delay window is
@@ -35,7 +37,7 @@ QUEUE_FULL = "Exceeds maximum queue size"
 TIMEOUT_EXPIRED = "Request timeout expired"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Pending:
     """Scheduling metadata of one queued request.
 
@@ -64,12 +66,12 @@ class Pending:
         return max(1, self.batch_size)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Accepted:
     """`DynamicBatcher.offer` queued the request."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Rejected:
     """`DynamicBatcher.offer` refused the request; answer it with ``code``.
 
@@ -86,7 +88,7 @@ class Rejected:
 Admission = Accepted | Rejected
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Batch:
     """Requests to execute together, in queue order; never empty.
 
@@ -107,7 +109,7 @@ class Batch:
         return tuple(item.batch_size for item in self.items)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Expired:
     """A request removed from the queue by a REJECT timeout (PROTOCOL.md §6.4).
 
