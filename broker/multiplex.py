@@ -26,6 +26,7 @@ import redis.exceptions
 
 from broker.resp import pack_pipeline
 from broker.scripts import Script
+from broker.takeover import RedisProtocol, open_with
 
 logger = logging.getLogger(__name__)
 
@@ -144,17 +145,11 @@ class MultiplexedConnection:
         link.send([(args, f) for args, f in batch if not f.done()])
 
     async def _connect(self) -> None:
-        """Open a connection with redis-py, then parse its replies in :class:`_Link`. A
-        failure fails the commands waiting for it."""
+        """Open a connection (:func:`broker.takeover.open_with`) read by a :class:`_Link`.
+        A failure fails the commands waiting for it."""
+        link = _Link()
         try:
-            conn = self._pool.make_connection()
-            async with asyncio.timeout(self._timeout_s):
-                await conn.connect()
-            writer = conn._writer  # the connection is the link's from here on: redis-py's
-            conn._reader = conn._writer = None  # Connection would close it when collected
-            link = _Link(writer)
-            writer.transport.set_protocol(link)  # type: ignore[union-attr]
-            link.connection_made(writer.transport)  # type: ignore[union-attr]
+            await open_with(self._pool, link, self._timeout_s)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -191,16 +186,10 @@ class MultiplexedConnection:
                 future.set_exception(exc)
 
 
-class _Link(asyncio.Protocol):
-    """One open connection: writes pipelines, resolves their futures in reply order.
+class _Link(RedisProtocol):
+    """One open connection: writes pipelines, resolves their futures in reply order."""
 
-    Args:
-        writer: the ``asyncio.StreamWriter`` redis-py opened the connection with; held
-            so that it is not collected (it would close the transport).
-    """
-
-    def __init__(self, writer: object) -> None:
-        self._writer = writer
+    def __init__(self) -> None:
         self._transport: asyncio.Transport | None = None
         self._parser = hiredis.Reader()
         self._inflight: deque[asyncio.Future[Any]] = deque()

@@ -24,6 +24,7 @@ from broker.codec import CodecError, decode_response
 from broker.errors import ErrorCode, SluiceError
 from broker.messages import InferResponseMessage
 from broker.resp import pack_pipeline
+from broker.takeover import RedisProtocol, open_with
 
 logger = logging.getLogger(__name__)
 
@@ -124,25 +125,15 @@ class ReplyRouter:
         )
         backoff_s = 0.05
         while True:
-            conn = self._pool.make_connection()
+            popper = _Popper(self._deliver, command)
             try:
-                async with asyncio.timeout(_POP_BLOCK_S + 5):
-                    await conn.connect()
+                transport = await open_with(self._pool, popper, _POP_BLOCK_S + 5)
             except (redis.exceptions.RedisError, TimeoutError, OSError) as exc:
                 logger.warning("reply reader lost Redis (%s); retrying in %.2fs", exc, backoff_s)
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 2.0)
                 continue
             backoff_s = 0.05
-            # redis-py opened the connection (TLS, AUTH, SELECT); its replies are parsed
-            # in the transport's callback from here on, without a reader task; the
-            # connection is the popper's now (redis-py's would close it when collected)
-            writer = conn._writer
-            conn._reader = conn._writer = None
-            transport = writer.transport  # type: ignore[union-attr]
-            popper = _Popper(self._deliver, command, writer)
-            transport.set_protocol(popper)
-            popper.connection_made(transport)
             try:
                 await popper.watch()
             except BaseException:
@@ -167,7 +158,7 @@ class ReplyRouter:
         future.set_result(response)
 
 
-class _Popper(asyncio.Protocol):
+class _Popper(RedisProtocol):
     """Keeps several ``BLMPOP`` commands queued on one connection and hands each popped
     response to ``deliver`` from the transport's data callback.
 
@@ -182,13 +173,10 @@ class _Popper(asyncio.Protocol):
     Args:
         deliver: called with each popped payload (bytes).
         command: one packed ``BLMPOP`` command.
-        writer: the ``asyncio.StreamWriter`` the connection was opened with; held so
-            that it is not collected (it would close the transport).
     """
 
-    def __init__(self, deliver: Callable[[bytes], None], command: bytes, writer: object) -> None:
+    def __init__(self, deliver: Callable[[bytes], None], command: bytes) -> None:
         self._deliver = deliver
-        self._writer = writer
         self._command = command
         self._parser = hiredis.Reader()
         self._transport: asyncio.Transport | None = None

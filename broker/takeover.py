@@ -1,0 +1,54 @@
+"""Reading a Redis connection in a transport callback after redis-py opened it.
+
+redis-py's asyncio connection does what a URL asks when it connects (TCP, Unix
+socket or TLS, ``AUTH``, ``SELECT``, ``CLIENT SETNAME``), then reads through an
+``asyncio.StreamReader`` and a task per reply. On a gateway's hot connections that
+task wake-up per reply cost more CPU than parsing the reply, so once connected the
+transport is handed to a :class:`RedisProtocol`, which parses with hiredis in
+``data_received``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TypeVar
+
+import redis.asyncio
+
+
+class RedisProtocol(asyncio.Protocol):
+    """A protocol that takes over a connection redis-py opened (:func:`open_with`)."""
+
+    #: the ``asyncio.StreamWriter`` redis-py opened the connection with: held while the
+    #: protocol is, because a collected stream writer closes its transport
+    stream_writer: object = None
+
+
+P = TypeVar("P", bound=RedisProtocol)
+
+
+async def open_with(
+    pool: redis.asyncio.ConnectionPool, protocol: P, timeout_s: float
+) -> asyncio.Transport:
+    """Open a connection of ``pool`` (redis-py does the handshake) and make ``protocol``
+    its protocol (``connection_made`` is called with the transport).
+
+    Args:
+        pool: the pool whose URL and options the connection takes.
+        protocol: receives the connection's data from now on.
+        timeout_s: longest wait for the connection and its handshake, in s.
+
+    Raises:
+        redis.exceptions.RedisError, OSError: Redis refused or could not be reached.
+        TimeoutError: no connection within ``timeout_s``.
+    """
+    conn = pool.make_connection()
+    async with asyncio.timeout(timeout_s):
+        await conn.connect()
+    writer = conn._writer
+    conn._reader = conn._writer = None  # redis-py's Connection no longer owns it
+    transport: asyncio.Transport = writer.transport  # type: ignore[union-attr]
+    protocol.stream_writer = writer
+    transport.set_protocol(protocol)
+    protocol.connection_made(transport)
+    return transport

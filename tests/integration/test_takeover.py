@@ -1,0 +1,79 @@
+"""The gateway's callback-read connections over the URL forms redis-py opens: a Unix
+socket and a password with a database number (the handshake is redis-py's, the reads
+are ``broker.takeover``'s)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from broker.codec import encode_response
+from broker.messages import InferResponseMessage
+from broker.multiplex import MultiplexedConnection
+from broker.replies import ReplyRouter
+
+
+@pytest.fixture
+def unix_redis() -> Iterator[Path]:
+    """A private redis-server listening on a Unix socket only, with a password."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    workdir = Path(tempfile.mkdtemp(prefix="sluice-unix-redis-"))
+    socket = workdir / "redis.sock"
+    process = subprocess.Popen(
+        ["redis-server", "--port", "0", "--unixsocket", str(socket), "--save", "",
+         "--appendonly", "no", "--dir", str(workdir), "--requirepass", "s3cret"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                if redis.Redis(unix_socket_path=str(socket), password="s3cret").ping():
+                    break
+            except redis.exceptions.ConnectionError:
+                pass
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+        yield socket
+    finally:
+        process.kill()
+        process.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def test_commands_and_answers_travel_over_a_unix_socket_with_auth_and_db(
+    unix_redis: Path,
+) -> None:
+    url = f"unix://:s3cret@{unix_redis}?db=3"
+    connection = MultiplexedConnection(url, timeout_s=5.0)
+    router = ReplyRouter(url, "reply:gw")
+    await connection.start()
+    await router.start()
+    try:
+        futures = [router.expect(f"r{i}", time.time_ns() + 10**10) for i in range(20)]
+        await asyncio.gather(
+            *(
+                connection.call(
+                    "RPUSH", "reply:gw", encode_response(InferResponseMessage(f"r{i}", "m", 1))
+                )
+                for i in range(20)
+            )
+        )
+        answers = await asyncio.wait_for(asyncio.gather(*futures), 5)
+        assert [a.request_id for a in answers] == [f"r{i}" for i in range(20)]
+        assert await connection.call("SET", "where", "db3") == b"OK"
+    finally:
+        await router.stop()
+        await connection.stop()
+    check = redis.Redis(unix_socket_path=str(unix_redis), password="s3cret", db=3)
+    assert check.get("where") == b"db3"  # the URL's database was selected
+    assert redis.Redis(unix_socket_path=str(unix_redis), password="s3cret").get("where") is None
