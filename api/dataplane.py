@@ -12,11 +12,12 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio
+import redis.exceptions
 
 from api.log_settings import LogSettings
 from api.models import ModelRegistry, ModelView
@@ -160,35 +161,45 @@ class DataPlane:
         return True
 
     async def model_ready(self, model: str, version: int | None) -> bool:
-        """Whether the model (version) is READY and has a live instance now.
+        """Whether the model (version) is READY in Redis (not only in the gateway's
+        cache) and has a live instance now; False when Redis does not answer within
+        :data:`HEALTH_DEADLINE_S` (a probe, like the server's).
 
         Raises:
             SluiceError: from model resolution (NOT_FOUND unknown, UNAVAILABLE loading),
                 as Triton's model-ready endpoint answers them.
         """
-        _, resolved = await self.registry.resolve(model, version)
-        return await self.registry.live_instances(model, resolved) > 0
+
+        async def check() -> bool:
+            _, resolved = await self.registry.resolve(model, version, fresh=True)
+            return await self.registry.live_instances(model, resolved) > 0
+
+        return await _probe(check())
 
     async def model_readiness(self, model: str, version: int | None) -> bool:
         """gRPC ``ModelReady``: an unknown model or version raises, a known one answers
-        (READY with a live instance).
+        (READY in Redis with a live instance; False when Redis does not answer within
+        :data:`HEALTH_DEADLINE_S`).
 
         Raises:
             SluiceError: NOT_FOUND for a model that never loaded or a version it
                 does not have (PROTOCOL.md 4.1: tritonclient's ``is_model_ready`` raises).
         """
-        view = await self.registry.get(model)
-        if version is not None and version not in view.versions:
-            raise SluiceError(
-                ErrorCode.NOT_FOUND,
-                f"Request for unknown model: '{model}' version {version} is not found",
-                model=model,
-            )
-        try:
-            resolved = view.resolve(version)
-        except SluiceError:
-            return False
-        return await self.registry.live_instances(model, resolved) > 0
+        async def check() -> bool:
+            view = await self.registry.get(model, fresh=True)
+            if version is not None and version not in view.versions:
+                raise SluiceError(
+                    ErrorCode.NOT_FOUND,
+                    f"Request for unknown model: '{model}' version {version} is not found",
+                    model=model,
+                )
+            try:
+                resolved = view.resolve(version)
+            except SluiceError:
+                return False
+            return await self.registry.live_instances(model, resolved) > 0
+
+        return await _probe(check())
 
     # -- metadata ---------------------------------------------------------------------------
 
@@ -655,3 +666,14 @@ def _shutting_down(model: str) -> SluiceError:
     return SluiceError(
         ErrorCode.UNAVAILABLE, "Server is shutting down: request refused", model=model
     )
+
+
+async def _probe(check: Coroutine[Any, Any, bool]) -> bool:
+    """Run a readiness ``check`` within :data:`HEALTH_DEADLINE_S`; Redis unreachable or
+    silent means not ready (a probe gets its answer in time). Other errors
+    (``SluiceError``: unknown model, ...) are raised."""
+    try:
+        async with asyncio.timeout(HEALTH_DEADLINE_S):
+            return await check
+    except (TimeoutError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+        return False

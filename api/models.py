@@ -142,14 +142,20 @@ class ModelRegistry:
         #: model name -> the Redis read in flight for it
         self._fetching: dict[str, asyncio.Future[ModelView]] = {}
 
-    async def get(self, name: str) -> ModelView:
+    async def get(self, name: str, fresh: bool = False) -> ModelView:
         """The view of model ``name``; concurrent callers share one Redis read.
+
+        Args:
+            name: the model.
+            fresh: read Redis even when a cached view is fresh enough (readiness
+                probes: a model Redis no longer knows is not ready, whatever the cache
+                says).
 
         Raises:
             SluiceError: NOT_FOUND "Request for unknown model: 'm' is not found" when
                 the model never loaded.
         """
-        view = self.cached(name)
+        view = None if fresh else self.cached(name)
         if view is not None:
             return view
         fetch = self._fetching.get(name)
@@ -190,9 +196,12 @@ class ModelRegistry:
         self._views.pop(name, None)
         self._fetching.pop(name, None)
 
-    async def resolve(self, name: str, version: int | None) -> tuple[ModelView, int]:
-        """The view of ``name`` and the version a request runs on (:meth:`ModelView.resolve`)."""
-        view = await self.get(name)
+    async def resolve(
+        self, name: str, version: int | None, fresh: bool = False
+    ) -> tuple[ModelView, int]:
+        """The view of ``name`` and the version a request runs on (:meth:`ModelView.resolve`;
+        ``fresh`` as :meth:`get`)."""
+        view = await self.get(name, fresh)
         return view, view.resolve(version)
 
     async def records(self) -> list[ModelRecord]:

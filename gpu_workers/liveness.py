@@ -92,7 +92,9 @@ class Liveness:
             self._thread.join(self._beat_s + 1)
 
     def _beat_forever(self) -> None:
-        while not self._stop.wait(self._beat_s):
+        wait_s = self._beat_s
+        while not self._stop.wait(wait_s):
+            wait_s = self._beat_s
             started = self._beat_started_ns = time.monotonic_ns()
             try:
                 self.beat()
@@ -109,6 +111,10 @@ class Liveness:
                     self._stale_ns / 1e9,
                 )
                 self._disrupted_ns = time.monotonic_ns()
+                # the heartbeat just written is as old as the stall: write a fresh one
+                # now, or the gateways take this instance for dead (model and server
+                # not ready) for one more interval after Redis answers again
+                wait_s = 0
 
     def in_grace(self) -> bool:
         """Whether Redis stalled or failed for this instance within ``stale_after_s`` (a

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import redis
 import requests
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from e2e_support import load_while, start_server, stop_server
 from tritonclient.utils import InferenceServerException
@@ -135,15 +136,34 @@ def test_a_redis_stall_past_the_heartbeat_bound_runs_nothing_twice(
         status = requests.get(url, timeout=30).status_code
         probes[name] = (status, time.monotonic() - started)
 
+    def grpc_model_ready() -> None:
+        started = time.monotonic()
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            ready = client.is_model_ready("ledger")
+        probes["grpc_model_ready"] = (int(ready), time.monotonic() - started)
+
+    back_after: list[float] = []
+
     def freeze() -> None:
         assert private_redis.process is not None
         os.kill(private_redis.process.pid, signal.SIGSTOP)
         time.sleep(0.2)
-        # health checks and scrapes answer in time, not after the 15 s socket timeout
+        # health checks, readiness of a model and scrapes answer in time, not after the
+        # 15 s socket timeout
         probe("live", f"http://{server.http_url}/v2/health/live")
+        probe("model_ready", f"http://{server.http_url}/v2/models/ledger/ready")
+        grpc_model_ready()
         probe("metrics", server.metrics_url)
         time.sleep(max(0.0, 6.5 - 0.2 - sum(t for _, t in probes.values())))
         os.kill(private_redis.process.pid, signal.SIGCONT)
+        # the instances' heartbeats written during the freeze are as old as it: they
+        # write fresh ones at once, so readiness does not flap once Redis answers
+        resumed = time.monotonic()
+        ready_url = f"http://{server.http_url}/v2/health/ready"
+        while requests.get(ready_url, timeout=30).status_code != 200:
+            assert time.monotonic() - resumed < 10, "not ready 10 s after the freeze"
+            time.sleep(0.05)
+        back_after.append(time.monotonic() - resumed)
 
     try:
         results = load_while(server.http_url, _infer, freeze, 12.0)
@@ -152,6 +172,9 @@ def test_a_redis_stall_past_the_heartbeat_bound_runs_nothing_twice(
         stop_server(server)
     assert probes["live"][0] == 400 and probes["live"][1] < 3.0, probes
     assert probes["metrics"][0] == 503 and probes["metrics"][1] < 6.0, probes
+    assert probes["model_ready"][0] == 400 and probes["model_ready"][1] < 3.0, probes
+    assert probes["grpc_model_ready"][0] == 0 and probes["grpc_model_ready"][1] < 3.0, probes
+    assert back_after and back_after[0] < 0.6, back_after
     assert len(results) > 30
     wrong = {v: a for v, a in results.items() if a != 2.0 * v}
     assert not wrong, list(wrong.items())[:3]
