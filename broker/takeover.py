@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 from typing import TypeVar
 
+import redis
 import redis.asyncio
+import redis.exceptions
 
 
 class RedisProtocol(asyncio.Protocol):
@@ -39,13 +41,20 @@ async def open_with(
         timeout_s: longest wait for the connection and its handshake, in s.
 
     Raises:
-        redis.exceptions.RedisError, OSError: Redis refused or could not be reached.
+        redis.exceptions.RedisError, OSError: Redis refused or could not be reached
+            (or this redis-py keeps its streams elsewhere: ``ConnectionError`` saying so).
         TimeoutError: no connection within ``timeout_s``.
     """
     conn = pool.make_connection()
     async with asyncio.timeout(timeout_s):
         await conn.connect()
-    writer = conn._writer
+    writer = getattr(conn, "_writer", None)
+    if not isinstance(writer, asyncio.StreamWriter):  # redis-py >= 4.2 keeps its streams here
+        await conn.disconnect()
+        raise redis.exceptions.ConnectionError(
+            f"redis-py {redis.__version__} keeps no asyncio stream writer on its connection; "
+            "Sluice's gateway needs redis-py's asyncio Connection._writer (redis>=5)"
+        )
     conn._reader = conn._writer = None  # redis-py's Connection no longer owns it
     transport: asyncio.Transport = writer.transport  # type: ignore[union-attr]
     protocol.stream_writer = writer
