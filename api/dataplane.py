@@ -123,11 +123,7 @@ class DataPlane:
         """Liveness: this process serves and Redis answers within
         :data:`HEALTH_DEADLINE_S` (a probe gets its answer in time, not after the Redis
         socket timeout, when Redis is stalled)."""
-        try:
-            async with asyncio.timeout(HEALTH_DEADLINE_S):
-                return bool(await self._redis.ping())
-        except Exception:
-            return False
+        return await _probe(self._redis.ping())
 
     async def server_ready(self) -> bool:
         """Readiness (Triton ``--strict-readiness``): start-up done and every model READY.
@@ -137,11 +133,7 @@ class DataPlane:
         supervisor was killed) does. Not ready when Redis does not answer within
         :data:`HEALTH_DEADLINE_S`.
         """
-        try:
-            async with asyncio.timeout(HEALTH_DEADLINE_S):
-                return await self._ready()
-        except Exception:
-            return False
+        return await _probe(self._ready())
 
     async def _ready(self) -> bool:
         facts = await self.registry.server_facts()
@@ -669,11 +661,12 @@ def _shutting_down(model: str) -> SluiceError:
 
 
 async def _probe(check: Coroutine[Any, Any, bool]) -> bool:
-    """Run a readiness ``check`` within :data:`HEALTH_DEADLINE_S`; Redis unreachable or
-    silent means not ready (a probe gets its answer in time). Other errors
-    (``SluiceError``: unknown model, ...) are raised."""
+    """Run a health or readiness ``check`` within :data:`HEALTH_DEADLINE_S`; Redis
+    failing, unreachable or silent means not live / not ready (a probe gets its answer
+    in time, not after the Redis socket timeout). Other errors (``SluiceError``:
+    unknown model, ...) are raised."""
     try:
         async with asyncio.timeout(HEALTH_DEADLINE_S):
             return await check
-    except (TimeoutError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+    except (TimeoutError, redis.exceptions.RedisError):
         return False

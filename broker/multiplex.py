@@ -26,7 +26,7 @@ import redis.exceptions
 
 from broker.resp import pack_pipeline
 from broker.scripts import Script
-from broker.takeover import RedisProtocol, open_with
+from broker.takeover import RedisProtocol, open_with, reply_parser
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ class _Link(RedisProtocol):
 
     def __init__(self) -> None:
         self._transport: asyncio.Transport | None = None
-        self._parser = hiredis.Reader()
+        self._parser = reply_parser()
         self._inflight: deque[asyncio.Future[Any]] = deque()
         self._progress_ns = time.monotonic_ns()
         self._error: BaseException | None = None
@@ -202,11 +202,8 @@ class _Link(RedisProtocol):
             self._transport = transport  # type: ignore[assignment]
 
     def send(self, batch: _Batch) -> None:
+        """Write ``batch`` (a usable link only: :meth:`MultiplexedConnection._send` checks)."""
         if not batch:
-            return
-        if self._error is not None or self._transport is None:
-            for _, future in batch:
-                future.set_exception(self._error or redis.exceptions.ConnectionError("closed"))
             return
         if not self._inflight:
             self._progress_ns = time.monotonic_ns()
@@ -235,8 +232,8 @@ class _Link(RedisProtocol):
                 future = inflight.popleft()
                 if future.done():
                     continue
-                if isinstance(reply, hiredis.ReplyError):
-                    future.set_exception(_response_error(str(reply)))
+                if isinstance(reply, redis.exceptions.RedisError):
+                    future.set_exception(reply)
                 else:
                     future.set_result(reply)
         except hiredis.ProtocolError as exc:
@@ -268,13 +265,6 @@ class _Link(RedisProtocol):
             self._transport.abort()
         if self.on_lost is not None:
             self.on_lost(self)
-
-
-def _response_error(message: str) -> redis.exceptions.ResponseError:
-    """redis-py's exception for an error reply (``NOSCRIPT`` -> ``NoScriptError``)."""
-    if message.startswith("NOSCRIPT"):
-        return redis.exceptions.NoScriptError(message)
-    return redis.exceptions.ResponseError(message)
 
 
 def _as_redis_error(exc: BaseException) -> redis.exceptions.RedisError:

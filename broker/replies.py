@@ -24,7 +24,7 @@ from broker.codec import CodecError, decode_response
 from broker.errors import ErrorCode, SluiceError
 from broker.messages import InferResponseMessage
 from broker.resp import pack_pipeline
-from broker.takeover import RedisProtocol, open_with
+from broker.takeover import RedisProtocol, open_with, reply_parser
 
 logger = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ class _Popper(RedisProtocol):
     def __init__(self, deliver: Callable[[bytes], None], command: bytes) -> None:
         self._deliver = deliver
         self._command = command
-        self._parser = hiredis.Reader()
+        self._parser = reply_parser()
         self._transport: asyncio.Transport | None = None
         self._queued = 0
         self._retiring = False
@@ -193,8 +193,7 @@ class _Popper(RedisProtocol):
     def retire(self) -> None:
         """Queue no more pops; close the connection once the queued ones are answered."""
         self._retiring = True
-        if self._queued <= 0 and self._transport is not None:
-            self._transport.close()
+        self._refill()
 
     def _refill(self) -> None:
         transport = self._transport
@@ -212,7 +211,7 @@ class _Popper(RedisProtocol):
             while (reply := self._parser.gets()) is not False:
                 self._queued -= 1
                 self._last_reply_ns = time.monotonic_ns()
-                if isinstance(reply, hiredis.ReplyError):
+                if isinstance(reply, redis.exceptions.RedisError):
                     logger.warning("reply reader: BLMPOP failed: %s", reply)
                 elif reply:
                     for payload in reply[1]:

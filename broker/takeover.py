@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 from typing import TypeVar
 
+import hiredis
 import redis
 import redis.asyncio
 import redis.exceptions
+from redis._parsers.base import BaseParser
 
 
 class RedisProtocol(asyncio.Protocol):
@@ -27,6 +29,13 @@ class RedisProtocol(asyncio.Protocol):
 
 
 P = TypeVar("P", bound=RedisProtocol)
+
+
+def reply_parser() -> hiredis.Reader:
+    """A hiredis reader that returns each error reply as the exception redis-py raises
+    for it (redis-py's own mapping: ``NOSCRIPT`` -> ``NoScriptError``, ``LOADING`` ->
+    ``BusyLoadingError``, a ``ConnectionError``, ...), as an object, not raised."""
+    return hiredis.Reader(replyError=BaseParser.parse_error)
 
 
 async def open_with(
