@@ -13,9 +13,11 @@ harness found least disturbed). Then it checks the targets of issue 3:
   request ≤ 2× Triton's;
 * Sluice ahead of MLServer (in-process inference, ``mlserver-pw0``) on every row both served.
 
-Sluice's server CPU is its process tree (``sluice serve``, gateway, workers); when a
-Redis already answers at ``--redis-url`` its CPU is not in that tree, so the script
-also prints Redis's CPU per request over the whole run.
+Sluice talks to a private ``redis-server`` that the script starts on a Unix socket
+(Sluice's single-host setup, as ``sluice serve`` starts when no Redis answers;
+``--redis-url`` names another Redis instead). Sluice's server CPU is its process tree
+(``sluice serve``, gateway, workers); Redis's CPU is not in that tree, so the script
+also prints Redis's CPU over the whole run.
 
   .venv/bin/python benchmarks/bench_anchors.py                  # full: c=1,8,32, 15 s runs
   .venv/bin/python benchmarks/bench_anchors.py --duration 8 --gens "loadgen wrk"
@@ -39,7 +41,7 @@ import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
-from broker.redis_server import delete_prefix
+from broker.redis_server import delete_prefix, start_private_redis
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT.parent / "shared" / "bench"
@@ -71,9 +73,13 @@ def proc_table() -> dict[int, tuple[str, int, int]]:
     return table
 
 
-def redis_cpu_ticks() -> int:
-    """utime+stime (clock ticks) of every redis-server process on the machine."""
-    return sum(ticks for name, _, ticks in proc_table().values() if name == "redis-server")
+def redis_cpu_ticks(pid: int | None = None) -> int:
+    """utime+stime (clock ticks) of redis-server ``pid``, or of every redis-server
+    process on the machine when ``pid`` is None."""
+    table = proc_table()
+    if pid is not None:
+        return table[pid][2] if pid in table else 0
+    return sum(ticks for name, _, ticks in table.values() if name == "redis-server")
 
 
 def tree_cpu_ticks(root: int) -> int:
@@ -95,23 +101,33 @@ def run(args: argparse.Namespace) -> Path:
     out = Path(args.out or ANCHORS / "results" / f"sluice-{time.strftime('%Y%m%d-%H%M%S')}")
     sluice = ROOT / ".venv" / "bin" / "sluice"
     prefix = f"bench-{uuid.uuid4().hex[:8]}:"
+    private = None
+    redis_url = args.redis_url
+    if redis_url is None:
+        private, redis_url = start_private_redis()
     command = [
         str(sluice), "serve",
         "--model-repository", str(ANCHORS / "models-onnx"),
         "--http-port", str(args.http_port), "--grpc-port", str(args.grpc_port),
         "--metrics-port", str(args.http_port + 2),
-        "--redis-url", args.redis_url, "--key-prefix", prefix,
+        "--redis-url", redis_url, "--key-prefix", prefix,
     ]  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "sluice.log", "wb") as log:
         try:
-            _measure(args, command, log, out)
+            _measure(args, command, log, out, None if private is None else private.pid)
         finally:
-            delete_prefix(args.redis_url, prefix)  # the server stopped; its queues go too
+            if private is None:
+                delete_prefix(redis_url, prefix)  # the server stopped; its queues go too
+            else:
+                private.terminate()
+                private.wait(10)
     return out
 
 
-def _measure(args: argparse.Namespace, command: list[str], log: object, out: Path) -> None:
+def _measure(
+    args: argparse.Namespace, command: list[str], log: object, out: Path, redis_pid: int | None
+) -> None:
     server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
@@ -128,12 +144,18 @@ def _measure(args: argparse.Namespace, command: list[str], log: object, out: Pat
             "--models", args.models, "--conc", args.conc, "--gens", args.gens,
             "--duration", str(args.duration), "--warmup", str(args.warmup), "--out", str(out),
         ]  # fmt: skip
-        ticks = redis_cpu_ticks()
+        ticks = redis_cpu_ticks(redis_pid)
         started = time.monotonic()
         subprocess.run(harness, check=False, stdout=subprocess.DEVNULL, timeout=args.limit_s)
-        redis_cpu_s = (redis_cpu_ticks() - ticks) / os.sysconf("SC_CLK_TCK")
+        redis_cpu_s = (redis_cpu_ticks(redis_pid) - ticks) / os.sysconf("SC_CLK_TCK")
         (out / "redis_cpu.json").write_text(
-            json.dumps({"redis_cpu_s": redis_cpu_s, "wall_s": time.monotonic() - started})
+            json.dumps(
+                {
+                    "redis_cpu_s": redis_cpu_s,
+                    "wall_s": time.monotonic() - started,
+                    "redis_url": command[command.index("--redis-url") + 1],
+                }
+            )
         )
     finally:
         os.killpg(server.pid, signal.SIGINT)
@@ -255,6 +277,7 @@ def report(rows: Iterable[dict], redis_cpu: dict | None, ort: list[dict]) -> boo
         print(
             f"\nRedis (outside Sluice's process tree) used {redis_cpu['redis_cpu_s']:.1f} CPU-s "
             f"over the run ({served} Sluice requests measured; the peers' rows add none)"
+            f"; Sluice's Redis: {redis_cpu.get('redis_url', 'not recorded')}"
         )
     print("\n" + "\n".join(checks))
     return met
@@ -272,7 +295,11 @@ def main(argv: list[str] | None = None) -> int:
     # the harness runs Triton on 18000-18002 and MLServer on 18080-18082
     parser.add_argument("--http-port", type=int, default=28000)
     parser.add_argument("--grpc-port", type=int, default=28001)
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument(
+        "--redis-url",
+        default=None,
+        help="a Redis for Sluice (default: a private redis-server on a Unix socket)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--limit-s", type=int, default=3600, help="bound on the whole harness run")
     args = parser.parse_args(argv)

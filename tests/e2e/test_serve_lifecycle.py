@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import socket
+import stat
 import time
 from pathlib import Path
 
@@ -124,10 +125,13 @@ def test_exit_on_error_stops_the_server(model_repository, redis_url, tmp_path) -
 
 
 def test_private_redis_when_none_answers(model_repository, tmp_path) -> None:
-    """The test harness's own fallback: a private redis-server on a free port."""
+    """The fallback of ``sluice serve`` and of the tests: a private redis-server, reached
+    over a Unix socket that only this user may open (and on a free loopback port)."""
     process, url = start_private_redis()
     try:
-        assert url.startswith("redis://127.0.0.1:")
+        assert url.startswith("unix:///") and url.endswith("/redis.sock?db=0")
+        socket_path = Path(url[len("unix://") : -len("?db=0")])
+        assert stat.S_IMODE(socket_path.stat().st_mode) == 0o700
         server = start_server(
             _small_repo(model_repository, tmp_path, False), url, tmp_path / "serve.log"
         )
