@@ -1,6 +1,7 @@
-"""The gateway's callback-read connections over the URL forms redis-py opens: a Unix
-socket and a password with a database number (the handshake is redis-py's, the reads
-are ``broker.takeover``'s)."""
+"""Connections redis-py opens and Sluice then reads itself, over the URL forms redis-py
+handles: a Unix socket and a password with a database number. The gateway's
+callback-read connections (``broker.takeover``) and the instance loop's
+:class:`broker.direct.DirectConnection`."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 import redis
 
 from broker.codec import encode_response
+from broker.direct import DirectConnection
 from broker.messages import InferResponseMessage
 from broker.multiplex import MultiplexedConnection
 from broker.replies import ReplyRouter
@@ -77,3 +79,34 @@ async def test_commands_and_answers_travel_over_a_unix_socket_with_auth_and_db(
     check = redis.Redis(unix_socket_path=str(unix_redis), password="s3cret", db=3)
     assert check.get("where") == b"db3"  # the URL's database was selected
     assert redis.Redis(unix_socket_path=str(unix_redis), password="s3cret").get("where") is None
+
+
+def test_direct_connection_pipelines_reopens_and_bounds_its_waits(unix_redis: Path) -> None:
+    """One write per pipeline, replies in order, an error reply returned (not raised);
+    a connection killed by Redis is opened again (handshake included); a reply that does
+    not come within the socket timeout raises redis-py's TimeoutError, and the next
+    pipeline works."""
+    url = f"unix://:s3cret@{unix_redis}?db=3"
+    client = redis.Redis.from_url(url, socket_timeout=0.3)
+    direct = DirectConnection(client)
+    try:
+        replies = direct.pipeline(
+            [("SET", "k", "v"), ("HSET", "k", "f", 1), ("GET", "k"), ("RPUSH", "l", *range(300))]
+        )
+        assert replies[0] == b"OK"
+        assert isinstance(replies[1], redis.exceptions.ResponseError)
+        assert "WRONGTYPE" in str(replies[1])
+        assert replies[2:] == [b"v", 300]
+        big = direct.pipeline([("LRANGE", "l", 0, -1)] * 50)  # replies span many reads
+        assert all(r == [str(i).encode() for i in range(300)] for r in big)
+
+        killer = redis.Redis(unix_socket_path=str(unix_redis), password="s3cret")
+        assert killer.client_kill_filter(_type="normal", skipme=True) >= 1
+        assert direct.pipeline([("GET", "k")]) == [b"v"]  # opened again, db 3 selected
+
+        with pytest.raises(redis.exceptions.TimeoutError):
+            direct.pipeline([("BLPOP", "empty", 2)])
+        assert direct.pipeline([("GET", "k")]) == [b"v"]
+    finally:
+        direct.close()
+        client.close()
