@@ -173,7 +173,8 @@ class StreamConsumer:
         idempotent, the ``HSET`` writes totals, the gateway drops a duplicate reply.
         With ``defer`` the commands wait for the next :meth:`read` or :meth:`flush` and
         share its write (the instance loop reads right after finishing a batch, so this
-        saves a round trip without delaying the replies).
+        saves a round trip without delaying the replies). Without, they are sent at once;
+        either way commands that could not reach Redis are kept for the next read or flush.
 
         Raises:
             redis.exceptions.RedisError: Redis unreachable.
@@ -193,10 +194,9 @@ class StreamConsumer:
             commands.append(("XDEL", stream, *ids))
         if stats is not None and delta is not None:
             commands.extend(stats.apply(delta))
-        if defer:
-            self._deferred.extend(commands)
-        else:
-            self._run(commands)
+        self._deferred.extend(commands)
+        if not defer:
+            self.flush()  # kept for the next read or flush if Redis cannot be reached
 
     def _run(self, commands: Sequence[tuple[object, ...]]) -> list[object]:
         """One pipelined round trip; the first error reply is raised."""

@@ -32,9 +32,11 @@ _RECV_BYTES = 65536
 class DirectConnection:
     """One connection of the client's pool, held by one thread.
 
-    A lost connection is re-opened once per pipeline (a command whose reply was lost may
-    have run; callers' commands tolerate that: ``XACK`` is idempotent, a duplicate
-    reply is dropped by the gateway). The instance loop sends plain commands only, no
+    A lost connection raises and is opened again by the next pipeline; it is not retried
+    here: a command whose reply was lost may have run, and only the caller knows what
+    that means (an ``XREADGROUP`` may have delivered entries to this consumer that
+    nobody will see: the instance loop reads its consumer's pending entries again,
+    ``InstanceLoop._resume``). The instance loop sends plain commands only, no
     scripts. Reads and writes wait at most the client's ``socket_timeout``.
 
     Args:
@@ -54,18 +56,12 @@ class DirectConnection:
             ``ResponseError`` redis-py would raise for it, not raised.
 
         Raises:
-            redis.exceptions.ConnectionError, redis.exceptions.TimeoutError: Redis is
-                unreachable twice in a row, does not answer within the socket timeout,
-                or answers with an error redis-py counts as a connection error
-                (``LOADING`` after a restart: ``BusyLoadingError``).
+            redis.exceptions.ConnectionError, redis.exceptions.TimeoutError: the
+                connection was lost (the commands may have run), Redis is unreachable or
+                does not answer within the socket timeout, or it answers with an error
+                redis-py counts as a connection error (``LOADING`` after a restart:
+                ``BusyLoadingError``). The connection is closed; the next call opens one.
         """
-        try:
-            return self._round_trip(commands)
-        except redis.exceptions.ConnectionError:
-            self.close()
-            return self._round_trip(commands)
-
-    def _round_trip(self, commands: Sequence[Command]) -> list[Any]:
         sock = self._sock or self._open()
         reader = self._reader
         try:

@@ -246,7 +246,7 @@ class InstanceLoop:
         while True:
             ran = False
             while (batch := self._batcher.take(far)) is not None:
-                self._consumer.flush()
+                self._flush_kept()
                 self._execute(batch)
                 ran = True
             if self.handing_over:
@@ -256,12 +256,30 @@ class InstanceLoop:
                 quiet_since = now
             if now - quiet_since >= DRAIN_QUIET_NS or now - start >= self.drain_limit_ns:
                 return
-            deliveries = self._consumer.read(count=self._read_count, block_ms=None)
+            try:
+                deliveries = self._consumer.read(count=self._read_count, block_ms=None)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                # what a lost read delivered stays pending: another instance claims it
+                logger.warning(
+                    "model '%s': Redis unreachable while draining (%s)", self._model, exc
+                )
+                time.sleep(REDIS_RETRY_MIN_S)
+                continue
             if deliveries:
                 self.admit(deliveries)
                 quiet_since = self._clock()
             else:
                 time.sleep(POLL_NS / 1e9)
+
+    def _flush_kept(self) -> None:
+        """Send the deferred answers before an execution while draining; when Redis cannot
+        be reached they are kept (sent by a later flush, or by the loop's final one)."""
+        try:
+            self._consumer.flush()
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            logger.warning(
+                "model '%s': answers held back, Redis unreachable (%s)", self._model, exc
+            )
 
     def admit(self, deliveries: Sequence[Delivery]) -> None:
         """Offer each delivery to the batcher; answer refusals at once."""

@@ -4,6 +4,7 @@ request whose deadline passes while it executes is answered and counted."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Sequence
 
@@ -15,7 +16,7 @@ from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 from broker.codec import decode_response, encode_request
 from broker.consumer import Delivery, StreamConsumer
-from broker.keys import KeySchema
+from broker.keys import WORKER_GROUP, KeySchema
 from broker.messages import InferRequestMessage, WireTensor
 from broker.producer import PAYLOAD_FIELD
 from broker.scheduling import ShapeKeys, StreamLayout, scheduling_policy
@@ -207,3 +208,61 @@ def test_a_request_whose_deadline_passes_during_execution_is_a_timeout_not_a_suc
         consumer.close()
         client.delete(stream, reply, shard.key, shard.registry)
         client.close()
+
+
+def _clients(client: redis.Redis) -> list[dict[str, str]]:
+    return client.client_list()  # type: ignore[return-value]
+
+
+def test_entries_a_lost_read_delivered_are_taken_back_after_the_connection_drops(
+    redis_url: str, key_prefix: str
+) -> None:
+    """A read whose reply is lost (the connection killed while Redis answered) leaves
+    its entries pending for this live instance, where no claim of a dead instance's
+    entries would find them. The loop sees the lost connection (no silent retry),
+    reconnects and reads its own pending entries again: the request is answered."""
+    name = f"{key_prefix}loop"
+    client = redis.Redis.from_url(redis_url, protocol=2, socket_timeout=5, client_name=name)
+    test = redis.Redis.from_url(redis_url, protocol=2, socket_timeout=5)
+    config = text_format.Parse(CONFIG, ModelConfig())
+    layout = StreamLayout(KeySchema(key_prefix), "m", 1, scheduling_policy(config))
+    stream, reply = layout.stream(0), f"{key_prefix}reply:g"
+    consumer = StreamConsumer(client, layout.streams(), "instance-0")
+    consumer.ensure_groups()
+    backend = _Recorder()
+    loop = InstanceLoop(
+        consumer, backend, layout, ShapeKeys(config), output_datatypes(config), None,  # type: ignore[arg-type]
+        batching=True,
+    )  # fmt: skip
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not any(c.get("name") == name and c["cmd"] == "xreadgroup" for c in _clients(test)):
+            assert time.monotonic() < deadline, "the loop never blocked on its stream"
+            time.sleep(0.01)
+        # the lost read: r1 is delivered to instance-0 in one transaction with its XADD,
+        # so the loop's own blocked read does not get it
+        with test.pipeline(transaction=True) as pipe:
+            pipe.xadd(stream, {PAYLOAD_FIELD: encode_request(_request(1, time.time_ns(), reply))})
+            pipe.xreadgroup(WORKER_GROUP, "instance-0", {stream: ">"}, count=10)
+            pipe.execute()
+        assert test.xpending(stream, WORKER_GROUP)["pending"] == 1
+        ids = [c["id"] for c in _clients(test) if c.get("name") == name]
+        for client_id in ids:
+            test.client_kill_filter(_id=client_id)
+        answer = test.blpop([reply], timeout=5)
+        assert answer is not None, "the delivered entry was never taken back"
+        assert decode_response(answer[1]).request_id == "r1"
+        assert backend.batches == [["r1"]]
+        deadline = time.monotonic() + 5
+        while test.xpending(stream, WORKER_GROUP)["pending"]:
+            assert time.monotonic() < deadline, "r1 was answered but never acknowledged"
+            time.sleep(0.01)
+    finally:
+        loop.stopping.set()
+        thread.join(10)
+        consumer.close()
+        client.delete(stream, reply)
+        client.close()
+        test.close()

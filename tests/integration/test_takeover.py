@@ -83,7 +83,8 @@ async def test_commands_and_answers_travel_over_a_unix_socket_with_auth_and_db(
 
 def test_direct_connection_pipelines_reopens_and_bounds_its_waits(unix_redis: Path) -> None:
     """One write per pipeline, replies in order, an error reply returned (not raised);
-    a connection killed by Redis is opened again (handshake included); a reply that does
+    a connection killed by Redis raises once, then is opened again (handshake included;
+    no silent retry, which would hide a read whose entries were delivered); a reply that does
     not come within the socket timeout raises redis-py's TimeoutError, and the next
     pipeline works."""
     url = f"unix://:s3cret@{unix_redis}?db=3"
@@ -102,6 +103,8 @@ def test_direct_connection_pipelines_reopens_and_bounds_its_waits(unix_redis: Pa
 
         killer = redis.Redis(unix_socket_path=str(unix_redis), password="s3cret")
         assert killer.client_kill_filter(_type="normal", skipme=True) >= 1
+        with pytest.raises(redis.exceptions.ConnectionError):
+            direct.pipeline([("GET", "k")])  # not retried: the caller decides what ran
         assert direct.pipeline([("GET", "k")]) == [b"v"]  # opened again, db 3 selected
 
         with pytest.raises(redis.exceptions.TimeoutError):
