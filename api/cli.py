@@ -97,6 +97,7 @@ def _resolve_redis(url: str | None) -> tuple[str, object | None]:
 def serve(args: argparse.Namespace) -> int:
     """``sluice serve``: run everything until Ctrl-C; returns the exit code."""
     from broker.logs import LogOptions, configure_logging
+    from broker.redis_server import redacted
     from gpu_workers.supervisor import ServeOptions, Supervisor
 
     log_options = LogOptions.from_env(
@@ -145,10 +146,10 @@ def serve(args: argparse.Namespace) -> int:
     except DeploymentTaken as exc:
         problem = (
             f"another sluice serve ({exc}) runs with key prefix '{args.key_prefix}' at "
-            f"{redis_url}: stop it first, or give this deployment its own --key-prefix"
+            f"{redacted(redis_url)}: stop it first, or give this deployment its own --key-prefix"
         )
     except redis.exceptions.RedisError as exc:
-        problem = f"cannot use Redis at {redis_url}: {exc}"
+        problem = f"cannot use Redis at {redacted(redis_url)}: {exc}"
     except RepositoryError as exc:
         problem = str(exc)
     if problem is not None:

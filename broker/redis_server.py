@@ -3,12 +3,17 @@ throwaway key prefix (tests and benchmarks)."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
+import urllib.parse
 
 import redis
 
@@ -22,6 +27,23 @@ def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
         return False
     finally:
         client.close()
+
+
+def redacted(url: str) -> str:
+    """``url`` fit for a log line: a password in its user part or in a ``password=``
+    query parameter replaced by ``***`` (``redis://:s3cret@host/0`` ->
+    ``redis://:***@host/0``)."""
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    if parts.password is not None:
+        user, _, host = netloc.rpartition("@")
+        name = user.split(":", 1)[0]
+        netloc = f"{name}:***@{host}"
+    query = "&".join(
+        f"{key}=***" if key == "password" else f"{key}={value}" if value else key
+        for key, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    )
+    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
 
 
 def delete_prefix(url: str, prefix: str, timeout_s: float = 10.0) -> int:
@@ -59,15 +81,26 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the parent thread exits (prctl 1,
+    ``PR_SET_PDEATHSIG``); nothing where libc cannot be loaded."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+
+
 def start_private_redis(
     timeout_s: float = 10.0, unix_socket: bool = True
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """Start ``redis-server`` on a free loopback port, persisting nothing.
+    """Start ``redis-server``, persisting nothing, as a child that gets SIGTERM when the
+    thread that started it exits (Linux ``PR_SET_PDEATHSIG``: a ``sluice serve`` killed
+    with SIGKILL leaves no Redis behind).
 
     Args:
         timeout_s: longest wait for its first ``PONG``, in seconds.
-        unix_socket: also listen on a Unix socket in the server's own temporary folder
-            (mode 700: this user only) and return its URL. The processes of one
+        unix_socket: listen only on a Unix socket in the server's own temporary folder
+            (mode 700: this user only; no TCP port, which any local user could reach,
+            as the server has no password) and return its URL; else on a free loopback
+            port. The processes of one
             ``sluice serve`` all run on this host, and a request's Redis round trips cost
             less over a Unix socket than over loopback TCP (identity model at one client,
             2026-11-30: p50 471-504 against 501-543 µs, Sluice's CPU 403-446 against
@@ -87,7 +120,7 @@ def start_private_redis(
             "no Redis answers and redis-server is not installed: install it "
             "(apt-get install redis-server) or pass --redis-url"
         )
-    port = free_port()
+    port = 0 if unix_socket else free_port()
     workdir = tempfile.mkdtemp(prefix="sluice-redis-")
     command = [
         binary,
@@ -100,7 +133,12 @@ def start_private_redis(
         path = os.path.join(workdir, "redis.sock")
         command += ["--unixsocket", path, "--unixsocketperm", "700"]
         url = f"unix://{path}?db=0"
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+    )
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -1,0 +1,21 @@
+"""Redis URLs in log lines carry no password (``broker.redis_server.redacted``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.redis_server import redacted
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("unix://:s3cret@/tmp/r.sock?db=5", "unix://:***@/tmp/r.sock?db=5"),
+        ("redis://user:pw@host:6379/0", "redis://user:***@host:6379/0"),
+        ("unix:///tmp/r.sock?db=7&password=abc", "unix:///tmp/r.sock?db=7&password=***"),
+        ("rediss://:p%40ss@h:1/2", "rediss://:***@h:1/2"),
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+    ],
+)
+def test_the_password_is_masked_and_the_rest_kept(url: str, shown: str) -> None:
+    assert redacted(url) == shown
