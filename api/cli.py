@@ -188,9 +188,10 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def _stop_private_redis(process: object | None) -> None:
+    from broker.redis_server import stop_private_redis
+
     if process is not None:
-        process.terminate()  # type: ignore[attr-defined]
-        process.wait(10)  # type: ignore[attr-defined]
+        stop_private_redis(process)  # type: ignore[arg-type]
 
 
 def check_gateway_start(argv: list[str]) -> str | None:

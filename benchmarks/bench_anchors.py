@@ -44,7 +44,7 @@ import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
-from broker.redis_server import delete_prefix, start_private_redis
+from broker.redis_server import delete_prefix, start_private_redis, stop_private_redis
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT.parent / "shared" / "bench"
@@ -123,8 +123,7 @@ def run(args: argparse.Namespace) -> Path:
             if private is None:
                 delete_prefix(redis_url, prefix)  # the server stopped; its queues go too
             else:
-                private.terminate()
-                private.wait(10)
+                stop_private_redis(private)
     return out
 
 

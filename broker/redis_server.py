@@ -148,3 +148,19 @@ def start_private_redis(
         time.sleep(0.05)
     process.kill()
     raise RuntimeError(f"redis-server at {url} did not answer within {timeout_s}s")
+
+
+def stop_private_redis(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    """Stop a redis-server :func:`start_private_redis` started (SIGTERM, then SIGKILL after
+    ``timeout_s`` seconds) and remove its temporary folder (socket and working files)."""
+    process.terminate()
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout_s)
+    args = [str(a) for a in process.args]  # type: ignore[union-attr]
+    if "--dir" in args:
+        workdir = args[args.index("--dir") + 1]
+        if os.path.basename(workdir).startswith("sluice-redis-"):
+            shutil.rmtree(workdir, ignore_errors=True)

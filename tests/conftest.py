@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from broker.redis_server import redis_answers, start_private_redis
+from broker.redis_server import redis_answers, start_private_redis, stop_private_redis
 
 TESTS = Path(__file__).parent
 
@@ -44,8 +44,7 @@ def redis_url(request: pytest.FixtureRequest) -> Iterator[str]:
     try:
         yield private_url
     finally:
-        process.terminate()
-        process.wait(10)
+        stop_private_redis(process)
 
 
 @pytest.fixture

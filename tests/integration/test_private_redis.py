@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from broker.redis_server import start_private_redis
+from broker.redis_server import start_private_redis, stop_private_redis
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,22 +24,25 @@ def _needs_redis_server() -> None:
         pytest.skip("redis-server is not installed")
 
 
-def test_it_listens_on_a_unix_socket_only() -> None:
+def test_it_listens_on_a_unix_socket_only_and_leaves_nothing_behind() -> None:
     process, url = start_private_redis()
+    folder = Path(url[len("unix://") :].split("?")[0]).parent
     try:
         client = redis.Redis.from_url(url)
         assert client.config_get("port") == {"port": "0"}  # no TCP port: it has no password
         assert client.config_get("unixsocketperm") == {"unixsocketperm": "700"}
         client.close()
+        assert folder.name.startswith("sluice-redis-") and folder.is_dir()
     finally:
-        process.terminate()
-        process.wait(10)
+        stop_private_redis(process)
+    assert process.returncode is not None
+    assert not folder.exists()
 
 
 def test_it_exits_when_the_process_that_started_it_is_killed() -> None:
     """A ``sluice serve`` killed with SIGKILL leaves no redis-server behind."""
     code = (
-        "import time; from broker.redis_server import start_private_redis; "
+        "import time; from broker.redis_server import start_private_redis, stop_private_redis; "
         "p, u = start_private_redis(); print(p.pid, flush=True); time.sleep(60)"
     )
     parent = subprocess.Popen(
