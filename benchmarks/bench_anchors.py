@@ -29,7 +29,6 @@ Exit code: 0 when every target is met, 1 when one is not, 2 when the anchors are
 from __future__ import annotations
 
 import argparse
-import bisect
 import datetime
 import json
 import os
@@ -43,6 +42,8 @@ import urllib.request
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
+
+import numpy as np
 
 from broker.redis_server import delete_prefix, start_private_redis, stop_private_redis
 
@@ -146,7 +147,6 @@ def _measure(
             "--models", args.models, "--conc", args.conc, "--gens", args.gens,
             "--duration", str(args.duration), "--warmup", str(args.warmup), "--out", str(out),
         ]  # fmt: skip
-        ticks = redis_cpu_ticks(redis_pid)
         started = time.monotonic()
         sampler = RedisSampler(redis_pid)
         sampler.start()
@@ -155,7 +155,7 @@ def _measure(
         finally:
             sampler.stop()
             (out / "redis_samples.json").write_text(json.dumps(sampler.samples))
-        redis_cpu_s = (redis_cpu_ticks(redis_pid) - ticks) / os.sysconf("SC_CLK_TCK")
+        redis_cpu_s = sampler.samples[-1][1] - sampler.samples[0][1]
         (out / "redis_cpu.json").write_text(
             json.dumps(
                 {
@@ -206,14 +206,8 @@ def redis_cpu_in(samples: list[tuple[float, float]], start: float, end: float) -
     None when the samples do not cover the span."""
     if not samples or start < samples[0][0] or end > samples[-1][0] or end <= start:
         return None
-
-    def at(t: float) -> float:
-        times = [x for x, _ in samples]
-        i = max(1, bisect.bisect_left(times, t))
-        (t0, c0), (t1, c1) = samples[i - 1], samples[i]
-        return c0 if t1 == t0 else c0 + (c1 - c0) * (t - t0) / (t1 - t0)
-
-    return at(end) - at(start)
+    times, cpu = zip(*samples, strict=True)
+    return float(np.interp(end, times, cpu) - np.interp(start, times, cpu))
 
 
 def _row_span(row: dict) -> tuple[float, float] | None:

@@ -83,10 +83,11 @@ class DirectConnection:
         except OSError as exc:
             self.close()
             raise redis.exceptions.ConnectionError(f"Redis connection lost: {exc}") from exc
-        except (redis.exceptions.ConnectionError, hiredis.ProtocolError) as exc:
+        except hiredis.ProtocolError as exc:
             self.close()
-            if isinstance(exc, hiredis.ProtocolError):
-                raise redis.exceptions.ConnectionError(f"protocol error: {exc}") from exc
+            raise redis.exceptions.ConnectionError(f"protocol error: {exc}") from exc
+        except redis.exceptions.ConnectionError:
+            self.close()
             raise
         for reply in replies:
             if isinstance(reply, redis.exceptions.ConnectionError):
