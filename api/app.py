@@ -26,9 +26,12 @@ from broker.errors import SluiceError
 from broker.keys import KeySchema
 from broker.model_store import AsyncModelStore
 from broker.multiplex import MultiplexedConnection
+from broker.outage import OutageLog
 from broker.replies import ReplyRouter
 
 logger = logging.getLogger(__name__)
+#: one line per Redis outage, not one per failed request
+_OUTAGE = OutageLog(logger, "HTTP requests")
 
 
 def connect(settings: GatewaySettings) -> redis.asyncio.Redis:
@@ -67,7 +70,7 @@ async def _validation_error(_request: Request, exc: Exception) -> Response:
 
 
 async def _redis_error(_request: Request, exc: Exception) -> Response:
-    logger.warning("Redis unreachable: %s", exc)
+    _OUTAGE.failed(exc)
     return error_response(f"broker unavailable: {exc}", 503)
 
 

@@ -140,6 +140,7 @@ def serve(args: argparse.Namespace) -> int:
     )
     try:
         supervisor = Supervisor(options)
+        supervisor.private_redis = redis_process  # type: ignore[assignment]
         problem = check_gateway_start(supervisor.gateway_argv())
         if problem is None:
             supervisor.reset_state()
@@ -183,7 +184,7 @@ def serve(args: argparse.Namespace) -> int:
         code = 1
     finally:
         supervisor.shutdown()
-        _stop_private_redis(redis_process)
+        _stop_private_redis(supervisor.private_redis)  # started again if it died
     return code
 
 

@@ -7,14 +7,19 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
+import redis.exceptions
+
+from broker.outage import OutageLog
+
 logger = logging.getLogger(__name__)
 
 
 class Periodic:
     """Calls ``action`` every ``interval_s`` seconds until stopped.
 
-    A failing call is logged and the timer goes on; :meth:`stop` cancels the task and
-    waits for it (bounded by the running call).
+    A failing call is logged and the timer goes on; while Redis cannot be reached, one
+    line per outage (:class:`broker.outage.OutageLog`), not a traceback per call.
+    :meth:`stop` cancels the task and waits for it (bounded by the running call).
 
     Args:
         name: task name, also used in log lines.
@@ -27,6 +32,7 @@ class Periodic:
         self.interval_s = interval_s
         self._action = action
         self._task: asyncio.Task[None] | None = None
+        self._outage = OutageLog(logger, name)
 
     def start(self) -> None:
         """Start the timer (idempotent); the first call happens at once."""
@@ -45,8 +51,11 @@ class Periodic:
         while True:
             try:
                 await self._action()
+                self._outage.ok()
             except asyncio.CancelledError:
                 raise
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                self._outage.failed(exc)
             except Exception:
                 logger.exception("%s failed", self.name)
             await asyncio.sleep(self.interval_s)

@@ -3,7 +3,6 @@ throwaway key prefix (tests and benchmarks)."""
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import shutil
@@ -14,6 +13,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
+from collections.abc import Callable, Sequence
 
 import redis
 
@@ -81,11 +81,49 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the parent thread exits (prctl 1,
-    ``PR_SET_PDEATHSIG``); nothing where libc cannot be loaded."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl``, looked up in the parent (the child between fork and exec only
+    calls it: no dynamic loading there, where another thread may hold the loader's lock);
+    None where libc cannot be loaded."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
+def _die_with_parent(prctl: Callable[..., int]) -> Callable[[], None]:
+    """What the child runs before exec: SIGTERM when the parent thread exits (prctl 1,
+    ``PR_SET_PDEATHSIG``)."""
+
+    def arm() -> None:
+        prctl(1, signal.SIGTERM, 0, 0, 0)
+
+    return arm
+
+
+def _spawn(command: Sequence[str]) -> subprocess.Popen[bytes]:
+    prctl = _prctl() if sys.platform == "linux" else None
+    return subprocess.Popen(
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=_die_with_parent(prctl) if prctl is not None else None,
+    )
+
+
+def _wait_answering(
+    process: subprocess.Popen[bytes], url: str, timeout_s: float
+) -> subprocess.Popen[bytes]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"redis-server exited with code {process.returncode} at start")
+        if redis_answers(url, 0.2):
+            return process
+        time.sleep(0.05)
+    process.kill()
+    process.wait(timeout_s)
+    raise RuntimeError(f"redis-server at {redacted(url)} did not answer within {timeout_s}s")
 
 
 def start_private_redis(
@@ -133,21 +171,38 @@ def start_private_redis(
         path = os.path.join(workdir, "redis.sock")
         command += ["--unixsocket", path, "--unixsocketperm", "700"]
         url = f"unix://{path}?db=0"
-    process = subprocess.Popen(
-        command,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-    )
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"redis-server exited with code {process.returncode} at start")
-        if redis_answers(url, 0.2):
-            return process, url
-        time.sleep(0.05)
-    process.kill()
-    raise RuntimeError(f"redis-server at {url} did not answer within {timeout_s}s")
+    return _wait_answering(_spawn(command), url, timeout_s), url
+
+
+def private_redis_url(process: subprocess.Popen[bytes]) -> str:
+    """The URL of a redis-server :func:`start_private_redis` started (from its arguments)."""
+    args = [str(a) for a in process.args]  # type: ignore[union-attr]
+    if "--unixsocket" in args:
+        return f"unix://{args[args.index('--unixsocket') + 1]}?db=0"
+    return f"redis://127.0.0.1:{args[args.index('--port') + 1]}/0"
+
+
+def restart_private_redis(
+    process: subprocess.Popen[bytes], timeout_s: float = 10.0
+) -> subprocess.Popen[bytes]:
+    """Start a private redis-server that exited again, with the same arguments (the same
+    socket or port, so every client's URL still holds), empty.
+
+    Returns:
+        The new process, answering ``PING``.
+
+    Raises:
+        RuntimeError: it could not be started, exited at start, or did not answer within
+            ``timeout_s`` seconds.
+    """
+    args = [str(a) for a in process.args]  # type: ignore[union-attr]
+    try:
+        if "--dir" in args:
+            os.makedirs(args[args.index("--dir") + 1], mode=0o700, exist_ok=True)
+        started = _spawn(args)
+    except OSError as exc:
+        raise RuntimeError(f"cannot start redis-server: {exc}") from exc
+    return _wait_answering(started, private_redis_url(process), timeout_s)
 
 
 def stop_private_redis(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:

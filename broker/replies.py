@@ -23,6 +23,7 @@ import redis.exceptions
 from broker.codec import CodecError, decode_response
 from broker.errors import ErrorCode, SluiceError
 from broker.messages import InferResponseMessage
+from broker.outage import OutageLog
 from broker.resp import pack_pipeline
 from broker.takeover import RedisProtocol, open_with, reply_parser
 
@@ -124,15 +125,17 @@ class ReplyRouter:
             [("BLMPOP", _POP_BLOCK_S, 1, self.reply_key, "LEFT", "COUNT", _POP_COUNT)]
         )
         backoff_s = 0.05
+        outage = OutageLog(logger, "reply reader")
         while True:
             popper = _Popper(self._deliver, command)
             try:
                 transport = await open_with(self._pool, popper, _POP_BLOCK_S + 5)
             except (redis.exceptions.RedisError, TimeoutError, OSError) as exc:
-                logger.warning("reply reader lost Redis (%s); retrying in %.2fs", exc, backoff_s)
+                outage.failed(exc)  # one line per outage, retried with backoff
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 2.0)
                 continue
+            outage.ok()
             backoff_s = 0.05
             try:
                 await popper.watch()

@@ -24,6 +24,7 @@ import redis.exceptions
 
 from broker.consumer import Delivery, StreamConsumer
 from broker.model_store import ModelStore
+from broker.outage import OutageLog
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,8 @@ class Liveness:
         self._consumer = consumer
         self._stale_ns = int(stale_after_s * 1e9)
         self._beat_s = beat_interval_s
+        self._beat_outage = OutageLog(logger, "heartbeat")
+        self._recover_outage = OutageLog(logger, "pending-entry recovery")
         self._recover_ns = int(recover_interval_s * 1e9)
         self._next_recover_ns = 0
         #: monotonic ns of the last Redis call here that failed or was slow (0: none)
@@ -99,11 +102,12 @@ class Liveness:
             try:
                 self.beat()
             except redis.exceptions.RedisError as exc:
-                logger.warning("heartbeat failed: %s", exc)
+                self._beat_outage.failed(exc)
                 self._disrupted_ns = time.monotonic_ns()
                 continue
             finally:
                 self._beat_started_ns = 0
+            self._beat_outage.ok()
             if time.monotonic_ns() - started > self._beat_s * 1e9:
                 logger.warning(
                     "heartbeat took %.1f s: not taking other instances for dead for %.1f s",
@@ -149,7 +153,8 @@ class Liveness:
                 )
                 if dead:
                     claimed.extend(self._consumer.claim_from(name, min_idle_ms=0))
+            self._recover_outage.ok()
         except redis.exceptions.RedisError as exc:
-            logger.warning("pending-entry recovery failed: %s", exc)
+            self._recover_outage.failed(exc)
             self._disrupted_ns = time.monotonic_ns()
         return claimed

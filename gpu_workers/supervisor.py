@@ -34,6 +34,8 @@ from broker.errors import ErrorCode, SluiceError
 from broker.keys import KeySchema
 from broker.messages import ErrorInfo
 from broker.model_store import ModelStore
+from broker.outage import OutageLog
+from broker.redis_server import restart_private_redis
 from gpu_workers.deployment_lease import DeploymentLease
 from gpu_workers.model_manager import LoadError, ManagerOptions, ModelManager
 from gpu_workers.processes import Spawner, terminate
@@ -122,6 +124,11 @@ class Supervisor:
             1, options.gateway_processes
         )
         self._stopping = False
+        #: the redis-server ``sluice serve`` started because none answered (None: a Redis
+        #: of the user's): started again at the same socket when it dies
+        self.private_redis: subprocess.Popen[bytes] | None = None
+        self._control_outage = OutageLog(logger, "control stream")
+        self._state_outage = OutageLog(logger, "deployment state check")
 
     # -- start-up --------------------------------------------------------------------------
 
@@ -207,6 +214,7 @@ class Supervisor:
         while not self._stopping:
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + STATE_CHECK_S
+                self._restart_private_redis_if_dead()
                 self._republish_if_lost()
             for index, gateway in enumerate(self.gateways):
                 if gateway is None or gateway.poll() is None:
@@ -233,11 +241,31 @@ class Supervisor:
                 next_poll = time.monotonic() + self.options.repository_poll_s
             self._serve_commands()
 
+    def _restart_private_redis_if_dead(self) -> None:
+        """Start the private redis-server again, on the same socket, when it exited (killed,
+        out of memory). It persists nothing, so the queued requests, the replies not yet
+        read and the statistics are gone; every process of the deployment reconnects on
+        its own, :meth:`_republish_if_lost` publishes the models again, and the requests
+        in flight are answered with an error or at their deadline."""
+        process = self.private_redis
+        if process is None or process.poll() is None:
+            return
+        logger.error(
+            "the private redis-server exited with code %s; starting it again (queued "
+            "requests and statistics are lost)",
+            process.returncode,
+        )
+        try:
+            self.private_redis = restart_private_redis(process)
+        except RuntimeError as exc:
+            logger.error("cannot start the private redis-server again: %s", exc)
+
     def _republish_if_lost(self) -> None:
         """Publish the deployment's state again when Redis lost it (restarted without its
         data: the server record is gone), so the gateways know the models again."""
         try:
             if self.client.exists(self.keys.server()):
+                self._state_outage.ok()
                 return
             logger.warning(
                 "Redis lost this deployment's state (restarted without its data?); "
@@ -249,7 +277,7 @@ class Supervisor:
                 startup="done", model_control_mode=self.options.model_control_mode
             )
         except redis.exceptions.RedisError as exc:
-            logger.warning("cannot check the deployment's state in Redis: %s", exc)
+            self._state_outage.failed(exc)
 
     def _restart_dead_instances(self) -> None:
         for instance in list(self.manager.instances()):
@@ -277,9 +305,10 @@ class Supervisor:
         try:
             commands = read_commands(self.client, stream, WATCH_MS)
         except redis.exceptions.RedisError as exc:
-            logger.warning("control stream unreadable: %s", exc)
+            self._control_outage.failed(exc)
             time.sleep(WATCH_MS / 1000)
             return
+        self._control_outage.ok()
         for entry_id, payload in commands:
             try:
                 command = decode_command(payload)

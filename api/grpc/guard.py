@@ -28,10 +28,13 @@ from api.access import AccessPolicy
 from api.errors import grpc_status
 from api.grpc.registration import Unparsed
 from broker.errors import ErrorCode, SluiceError
+from broker.outage import OutageLog
 
 __all__ = ["RPC_GROUPS", "guard_servicer", "metadata_dict", "translate"]
 
 logger = logging.getLogger(__name__)
+#: one line per Redis outage, not one per failed request
+_OUTAGE = OutageLog(logger, "gRPC requests")
 
 #: RPC name -> Triton API group (server ``src/grpc/grpc_server.cc`` registrations).
 RPC_GROUPS: dict[str, str] = {
@@ -63,7 +66,7 @@ def translate(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, SluiceError):
         return grpc_status(exc.code), exc.message
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
-        logger.warning("Redis unreachable: %s", exc)
+        _OUTAGE.failed(exc)
         return grpc.StatusCode.UNAVAILABLE, f"broker unavailable: {exc}"
     logger.error("unexpected error in a gRPC handler", exc_info=exc)
     return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"

@@ -29,8 +29,11 @@ from api.http.infer_codec import HttpInferRequest, encode_infer_response, parse_
 from api.models import ModelView
 from broker.errors import SluiceError, invalid_arg
 from broker.messages import InferResponseMessage
+from broker.outage import OutageLog
 
 logger = logging.getLogger(__name__)
+#: one line per Redis outage, not one per failed request
+_OUTAGE = OutageLog(logger, "HTTP inference requests")
 
 #: Triton's infer routes: ``/v2/models/{name}[/versions/{digits}]/infer``.
 INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
@@ -197,7 +200,7 @@ def _failure(exc: BaseException, model: str) -> tuple[int, bytes]:
     if isinstance(exc, SluiceError):
         return http_status(exc.code), _error_body(exc.message)
     if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
-        logger.warning("Redis unreachable: %s", exc)
+        _OUTAGE.failed(exc)
         return 503, _error_body(f"broker unavailable: {exc}")
     if isinstance(exc, asyncio.CancelledError):
         return 503, _error_body(f"Server exiting: request to model '{model}' not answered")

@@ -16,10 +16,13 @@ from starlette.routing import Route
 
 from api.metrics.exposition import CONTENT_TYPE
 from api.metrics.service import MetricsService
+from broker.outage import OutageLog
 
 __all__ = ["create_metrics_app"]
 
 logger = logging.getLogger(__name__)
+#: one line per Redis outage, not one per failed request
+_OUTAGE = OutageLog(logger, "metrics")
 
 
 def create_metrics_app(service: MetricsService) -> Starlette:
@@ -29,7 +32,7 @@ def create_metrics_app(service: MetricsService) -> Starlette:
         try:
             body = await service.exposition()
         except redis.exceptions.RedisError as exc:
-            logger.warning("metrics: Redis unreachable: %s", exc)
+            _OUTAGE.failed(exc)
             return PlainTextResponse(f"broker unavailable: {exc}\n", status_code=503)
         return Response(body, media_type=None, headers={"Content-Type": CONTENT_TYPE})
 

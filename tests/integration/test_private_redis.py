@@ -13,7 +13,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from broker.redis_server import start_private_redis, stop_private_redis
+from broker.redis_server import (
+    private_redis_url,
+    restart_private_redis,
+    start_private_redis,
+    stop_private_redis,
+)
+from gpu_workers.supervisor import ServeOptions, Supervisor
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,3 +71,49 @@ def _running(pid: int) -> bool:
     except OSError:
         return False
     return "\nState:\tZ" not in status and os.path.exists(f"/proc/{pid}")
+
+
+def test_a_killed_one_is_started_again_at_the_same_url(tmp_path: Path) -> None:
+    """``sluice serve``'s watch loop starts its private redis-server again when it dies
+    (killed, out of memory): same socket, so every process reconnects; empty, so the
+    supervisor publishes the deployment's state again."""
+    process, url = start_private_redis()
+    supervisor = Supervisor(ServeOptions(repositories=(tmp_path,), redis_url=url))
+    supervisor.private_redis = process
+    try:
+        supervisor.store.set_server(startup="done", model_control_mode="none")
+        client = redis.Redis.from_url(url)
+        client.set("left-over", 1)
+        supervisor._restart_private_redis_if_dead()  # alive: nothing happens
+        assert supervisor.private_redis is process
+
+        process.kill()
+        process.wait(10)
+        supervisor._restart_private_redis_if_dead()
+        assert supervisor.private_redis is not process
+        assert supervisor.private_redis.poll() is None
+        assert private_redis_url(supervisor.private_redis) == url
+        assert client.get("left-over") is None  # the same URL answers, empty
+        assert client.config_get("port") == {"port": "0"}
+        assert not client.exists(supervisor.keys.server())
+
+        supervisor._republish_if_lost()
+        assert client.exists(supervisor.keys.server())
+        client.close()
+    finally:
+        supervisor.client.close()
+        if supervisor.private_redis is not None:
+            stop_private_redis(supervisor.private_redis)
+    assert not Path(url[len("unix://") :].split("?")[0]).parent.exists()
+
+
+def test_restart_raises_when_it_cannot_start() -> None:
+    process, _ = start_private_redis()
+    stop_private_redis(process)
+    args = [str(a) for a in process.args]
+    args[args.index("--loglevel") + 1] = "nonsense"  # redis-server refuses to start
+    process.args = args
+    with pytest.raises(RuntimeError, match="exited with code 1 at start"):
+        restart_private_redis(process, timeout_s=5)
+    folder = Path(args[args.index("--dir") + 1])
+    shutil.rmtree(folder, ignore_errors=True)
