@@ -127,6 +127,7 @@ class Supervisor:
         #: the redis-server ``sluice serve`` started because none answered (None: a Redis
         #: of the user's): started again at the same socket when it dies
         self.private_redis: subprocess.Popen[bytes] | None = None
+        self._redis_retry_s = self._redis_retry_at = 0.0  # backoff of failed restarts
         self._control_outage = OutageLog(logger, "control stream")
         self._state_outage = OutageLog(logger, "deployment state check")
 
@@ -248,17 +249,26 @@ class Supervisor:
         its own, :meth:`_republish_if_lost` publishes the models again, and the requests
         in flight are answered with an error or at their deadline."""
         process = self.private_redis
-        if process is None or process.poll() is None:
+        if process is None or process.poll() is None or time.monotonic() < self._redis_retry_at:
             return
-        logger.error(
-            "the private redis-server exited with code %s; starting it again (queued "
-            "requests and statistics are lost)",
-            process.returncode,
-        )
+        if not self._redis_retry_s:
+            logger.error(
+                "the private redis-server exited with code %s; starting it again (queued "
+                "requests and statistics are lost)",
+                process.returncode,
+            )
         try:
             self.private_redis = restart_private_redis(process)
         except RuntimeError as exc:
-            logger.error("cannot start the private redis-server again: %s", exc)
+            self._redis_retry_s = min(60.0, 2 * self._redis_retry_s or 1.0)
+            self._redis_retry_at = time.monotonic() + self._redis_retry_s
+            logger.error(
+                "cannot start the private redis-server again: %s; next try in %.0f s",
+                exc,
+                self._redis_retry_s,
+            )
+            return
+        self._redis_retry_s = self._redis_retry_at = 0.0
 
     def _republish_if_lost(self) -> None:
         """Publish the deployment's state again when Redis lost it (restarted without its

@@ -107,13 +107,35 @@ def test_a_killed_one_is_started_again_at_the_same_url(tmp_path: Path) -> None:
     assert not Path(url[len("unix://") :].split("?")[0]).parent.exists()
 
 
-def test_restart_raises_when_it_cannot_start() -> None:
-    process, _ = start_private_redis()
+def test_a_restart_that_fails_is_tried_again_with_backoff(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    process, url = start_private_redis()
     stop_private_redis(process)
     args = [str(a) for a in process.args]
+    good = list(args)
     args[args.index("--loglevel") + 1] = "nonsense"  # redis-server refuses to start
     process.args = args
     with pytest.raises(RuntimeError, match="exited with code 1 at start"):
         restart_private_redis(process, timeout_s=5)
-    folder = Path(args[args.index("--dir") + 1])
-    shutil.rmtree(folder, ignore_errors=True)
+
+    supervisor = Supervisor(ServeOptions(repositories=(tmp_path,), redis_url=url))
+    supervisor.private_redis = process
+    try:
+        supervisor._restart_private_redis_if_dead()
+        supervisor._restart_private_redis_if_dead()  # within the backoff: not tried
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert len(errors) == 2, errors
+        assert errors[0].startswith("the private redis-server exited with code")
+        assert errors[1].endswith("next try in 1 s")
+        assert supervisor.private_redis is process
+
+        process.args = good  # whatever stopped it is gone
+        supervisor._redis_retry_at = 0.0  # the backoff has run out
+        supervisor._restart_private_redis_if_dead()
+        assert supervisor.private_redis is not process
+        assert redis.Redis.from_url(url).ping()
+    finally:
+        supervisor.client.close()
+        if supervisor.private_redis is not None:
+            stop_private_redis(supervisor.private_redis)
