@@ -120,10 +120,12 @@ class DataPlane:
     # -- health -----------------------------------------------------------------------------
 
     async def server_live(self) -> bool:
-        """Liveness: this process serves and Redis answers within
-        :data:`HEALTH_DEADLINE_S` (a probe gets its answer in time, not after the Redis
-        socket timeout, when Redis is stalled)."""
-        return await _probe(self._redis.ping())
+        """Liveness: this gateway serves (its event loop answers) and is not stopping
+        (:meth:`begin_shutdown`). Redis is not asked, as
+        Triton's live depends on nothing but the server itself (PROTOCOL.md 1.3: 200 once
+        initialized): a Redis outage makes the server and its models not ready, and a
+        liveness probe that restarted every gateway for it would not bring Redis back."""
+        return not self._exiting
 
     async def server_ready(self) -> bool:
         """Readiness (Triton ``--strict-readiness``): start-up done and every model READY.

@@ -60,7 +60,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ServerLive(
         self, request: service_pb2.ServerLiveRequest, context: grpc.aio.ServicerContext
     ) -> service_pb2.ServerLiveResponse:
-        """``live`` is False (status OK) when Redis does not answer."""
+        """``live`` True while the gateway serves (Redis is not asked), False (status OK)
+        once it is stopping."""
         return service_pb2.ServerLiveResponse(live=await self._dp.server_live())
 
     async def ServerReady(

@@ -13,7 +13,8 @@ router = APIRouter(tags=["health"])
 
 @router.get("/v2/health/live")
 async def live(request: Request) -> Response:
-    """200 while the gateway serves and Redis answers, else 400."""
+    """200 while the gateway serves, also while Redis is down (then only readiness
+    fails); 400 once it is stopping."""
     return empty(200 if await dataplane(request).server_live() else 400)
 
 
