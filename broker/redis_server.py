@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -126,6 +127,60 @@ def _wait_answering(
     raise RuntimeError(f"redis-server at {redacted(url)} did not answer within {timeout_s}s")
 
 
+#: name prefix of a private redis-server's temporary folder.
+FOLDER_PREFIX = "sluice-redis-"
+#: a folder younger than this, in s, may belong to a server that is starting.
+STALE_AFTER_S = 60.0
+
+
+def remove_stale_folders(parent: str | None = None) -> list[str]:
+    """Remove this user's private redis-server folders that no server uses any more (left
+    when the process that started one was killed: its redis-server exits with it, through
+    ``PR_SET_PDEATHSIG``, but nothing removes the folder). A folder counts as stale when
+    it is older than :data:`STALE_AFTER_S` and its socket takes no connection (a server
+    that is alive but stopped still takes one: the kernel accepts it).
+
+    Returns:
+        The removed folders.
+    """
+    parent = parent or tempfile.gettempdir()
+    removed: list[str] = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return removed
+    now = time.time()
+    for name in names:
+        folder = os.path.join(parent, name)
+        if not name.startswith(FOLDER_PREFIX):
+            continue
+        try:
+            info = os.lstat(folder)
+        except OSError:
+            continue
+        if (
+            not stat.S_ISDIR(info.st_mode)
+            or info.st_uid != os.getuid()
+            or now - info.st_mtime < STALE_AFTER_S
+            or _listening(os.path.join(folder, "redis.sock"))
+        ):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _listening(path: str) -> bool:
+    """Whether a Unix socket at ``path`` takes a connection."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        try:
+            sock.connect(path)
+        except OSError:
+            return False
+    return True
+
+
 def start_private_redis(
     timeout_s: float = 10.0, unix_socket: bool = True
 ) -> tuple[subprocess.Popen[bytes], str]:
@@ -159,7 +214,8 @@ def start_private_redis(
             "(apt-get install redis-server) or pass --redis-url"
         )
     port = 0 if unix_socket else free_port()
-    workdir = tempfile.mkdtemp(prefix="sluice-redis-")
+    remove_stale_folders()
+    workdir = tempfile.mkdtemp(prefix=FOLDER_PREFIX)
     command = [
         binary,
         "--port", str(port), "--bind", "127.0.0.1",
@@ -217,5 +273,5 @@ def stop_private_redis(process: subprocess.Popen[bytes], timeout_s: float = 10.0
     args = [str(a) for a in process.args]  # type: ignore[union-attr]
     if "--dir" in args:
         workdir = args[args.index("--dir") + 1]
-        if os.path.basename(workdir).startswith("sluice-redis-"):
+        if os.path.basename(workdir).startswith(FOLDER_PREFIX):
             shutil.rmtree(workdir, ignore_errors=True)

@@ -27,6 +27,7 @@ from batching import Batch, DynamicBatcher, Pending, Rejected
 from broker.consumer import Delivery, StreamConsumer
 from broker.datatypes import config_to_protocol, serialize_bytes, to_numpy
 from broker.messages import ErrorInfo, InferRequestMessage, InferResponseMessage, WireTensor
+from broker.outage import OutageLog
 from broker.scheduling import ShapeKeys, StreamLayout
 from broker.stats_store import ExecutionTimes, StatsDelta, StatsShard
 from gpu_workers.backends.base import Backend, InferError, InferRequest, InferResponse
@@ -187,7 +188,7 @@ class InstanceLoop:
                         self._stats.registered = False
             self.drain()
         finally:
-            self._consumer.flush()
+            self._flush_kept()  # what cannot be sent stays pending in Redis for recovery
 
     def _resume(self) -> None:
         """After Redis was unreachable: send the deferred answers and acknowledgements,
@@ -282,6 +283,7 @@ class InstanceLoop:
         queue stays empty, which under steady load it never does).
         """
         far = self._clock() + 10**15
+        outage = OutageLog(logger, f"model '{self._model}' (draining)")
         start = self.stop_requested_ns or self._clock()
         quiet_since = self._clock()
         while True:
@@ -301,11 +303,10 @@ class InstanceLoop:
                 deliveries = self._consumer.read(count=self._read_count, block_ms=None)
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
                 # what a lost read delivered stays pending: another instance claims it
-                logger.warning(
-                    "model '%s': Redis unreachable while draining (%s)", self._model, exc
-                )
+                outage.failed(exc)
                 time.sleep(REDIS_RETRY_MIN_S)
                 continue
+            outage.ok()
             if deliveries:
                 self.admit(deliveries)
                 quiet_since = self._clock()
@@ -313,8 +314,10 @@ class InstanceLoop:
                 time.sleep(POLL_NS / 1e9)
 
     def _flush_kept(self) -> None:
-        """Send the deferred answers before an execution while draining; when Redis cannot
-        be reached they are kept (sent by a later flush, or by the loop's final one)."""
+        """Send the deferred answers (before an execution while draining, and last); when
+        Redis cannot be reached they are kept for a later flush. After the last one their
+        entries stay pending in Redis, and another instance (or this one, restarted)
+        runs them again."""
         try:
             self._consumer.flush()
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:

@@ -179,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         backend.finalize()
         try:
             report("STOPPED")
+        except redis.exceptions.RedisError as exc:
+            # its heartbeat stops: gateways take it for dead, and so does recovery
+            logger.warning("instance %s: state STOPPED not written (%s)", args.instance, exc)
         finally:
             consumer.close()
             client.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ import redis
 
 from broker.redis_server import (
     private_redis_url,
+    remove_stale_folders,
     restart_private_redis,
     start_private_redis,
     stop_private_redis,
@@ -139,3 +141,31 @@ def test_a_restart_that_fails_is_tried_again_with_backoff(
         supervisor.client.close()
         if supervisor.private_redis is not None:
             stop_private_redis(supervisor.private_redis)
+
+
+def test_folders_left_by_a_killed_server_are_removed_at_the_next_start(tmp_path: Path) -> None:
+    """A ``sluice serve`` killed with SIGKILL leaves its folder (its redis-server exits with
+    it): the next private redis-server removes such folders, not a live server's, nor a
+    folder that may belong to a server still starting."""
+    live, url = start_private_redis()
+    live_folder = Path(url[len("unix://") :].split("?")[0]).parent
+    try:
+        os.kill(live.pid, signal.SIGSTOP)  # alive but stopped: still counts as in use
+        old = time.time() - 3600
+        os.utime(live_folder, (old, old))
+        stale = tmp_path / "sluice-redis-stale"
+        stale.mkdir()
+        (stale / "redis.sock").write_text("")  # a socket file nobody listens on
+        os.utime(stale, (old, old))
+        young = tmp_path / "sluice-redis-young"
+        young.mkdir()
+        other = tmp_path / "unrelated"
+        other.mkdir()
+        os.utime(other, (old, old))
+        assert remove_stale_folders(str(tmp_path)) == [str(stale)]
+        assert young.exists() and other.exists() and not stale.exists()
+        assert str(live_folder) not in remove_stale_folders(str(live_folder.parent))
+        assert live_folder.exists()
+    finally:
+        os.kill(live.pid, signal.SIGCONT)
+        stop_private_redis(live)
