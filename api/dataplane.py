@@ -127,6 +127,19 @@ class DataPlane:
         liveness probe that restarted every gateway for it would not bring Redis back."""
         return not self._exiting
 
+    async def any_instance_live(self) -> bool:
+        """Whether some instance of some model version has a fresh heartbeat (one that
+        may still answer a request in flight).
+
+        Raises:
+            redis.exceptions.RedisError: Redis unreachable.
+        """
+        for record in await self.registry.records():
+            for version in record.versions:
+                if await self.registry.live_instances(record.name, version):
+                    return True
+        return False
+
     async def server_ready(self) -> bool:
         """Readiness (Triton ``--strict-readiness``): start-up done and every model READY.
 

@@ -23,11 +23,13 @@ from api.access import AccessPolicy
 from api.app import build_dataplane, connect, create_app, wrap_asgi
 from api.dashboard.history import DashboardHistory
 from api.dashboard.routes import mount_dashboard
+from api.dataplane import DataPlane
 from api.frontend_flags import add_frontend_arguments, apply_frontend_arguments
 from api.http.protocol import HttpProtocol
 from api.metrics import MetricsService, create_metrics_app
 from api.settings import GatewaySettings, HttpSettings
 from api.sockets import reuse_port_socket
+from broker.errors import ErrorCode, SluiceError
 from broker.keys import KeySchema
 from broker.logs import configure_logging
 
@@ -239,8 +241,17 @@ async def serve_gateway(settings: GatewaySettings) -> None:
     http_server = _Server(config)
     stopped = asyncio.Event()
     grpc_stopping: list[asyncio.Task[None]] = []
+    releasing: list[asyncio.Future[None]] = []
 
     def stop() -> None:
+        if not stopped.is_set():
+            releasing.append(asyncio.ensure_future(_release_unanswerable(dataplane)))
+            if dataplane.router.waiting:
+                logger.info(
+                    "exiting: waiting up to %.0f s for %d request(s) in flight",
+                    settings.exit_timeout_s,
+                    dataplane.router.waiting,
+                )
         dataplane.begin_shutdown()
         http_server.should_exit = True
         if metrics_server is not None:
@@ -263,6 +274,8 @@ async def serve_gateway(settings: GatewaySettings) -> None:
         else:
             await http_server.serve(sockets=http_sockets)
     finally:
+        for task in releasing:
+            task.cancel()
         if metrics is not None:
             await metrics.stop()
         await history.stop()
@@ -279,6 +292,39 @@ async def serve_gateway(settings: GatewaySettings) -> None:
             logger.warning("could not take unanswered requests off the queues: %s", exc)
         await dataplane.connection.stop()
         await client.aclose()
+
+
+#: how often a stopping gateway checks whether any model instance is still live, in s.
+RELEASE_CHECK_S = 0.5
+
+
+async def _release_unanswerable(dataplane: DataPlane) -> None:
+    """While the gateway stops: once no model instance of the deployment is live (they
+    drained and exited, as in ``sluice serve``'s shutdown), answer the requests still
+    waiting with 503 / UNAVAILABLE at once instead of holding the exit up to
+    ``--exit-timeout-secs`` for answers nothing can give (lost, e.g., by a Redis that
+    restarted without its data)."""
+    while True:
+        await asyncio.sleep(RELEASE_CHECK_S)
+        if not dataplane.router.waiting:
+            continue
+        try:
+            if await dataplane.any_instance_live():
+                continue
+        except redis.exceptions.RedisError:
+            continue
+        failed = dataplane.router.fail_waiting(
+            SluiceError(
+                ErrorCode.UNAVAILABLE,
+                "Server exiting: no model instance is left to answer this request",
+            )
+        )
+        if failed:
+            logger.warning(
+                "exiting: %d request(s) waited for answers no instance can give any more "
+                "(lost, e.g. by a Redis restart); answered 503 / UNAVAILABLE",
+                failed,
+            )
 
 
 def run_gateway(settings: GatewaySettings) -> None:

@@ -78,6 +78,21 @@ class ReplyRouter:
         self._waiting.clear()
         await self._pool.disconnect()
 
+    @property
+    def waiting(self) -> int:
+        """How many requests wait for their answer now."""
+        return len(self._waiting)
+
+    def fail_waiting(self, error: SluiceError) -> int:
+        """Fail every request still waiting with ``error`` (the gateway is stopping and
+        nothing can answer them any more); returns how many."""
+        failed = 0
+        for future in list(self._waiting.values()):
+            if not future.done():
+                future.set_exception(error)
+                failed += 1
+        return failed
+
     def expect(
         self,
         request_id: str,

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -266,3 +267,54 @@ def test_a_redis_restarted_without_its_data_is_served_again(
         stop_server(server)
     assert "publishing it again" in log
     assert "exited with code" not in log, log[-3000:]
+
+
+def test_a_request_a_redis_restart_lost_does_not_hold_up_the_exit(
+    private_redis: PrivateRedis, tmp_path: Path
+) -> None:
+    """A request still queued when Redis restarts without its data is lost (no instance
+    will answer it). Ctrl-C then ends the server in seconds, not at ``--exit-timeout-secs``:
+    once the instances drained and exited, the gateway answers the lost request 503."""
+    server = start_server(
+        _ledger_repo(tmp_path), private_redis.url, tmp_path / "serve.log",
+        "--exit-timeout-secs", "30",
+        env={"LEDGER_DIR": str(tmp_path / "ledger")},
+    )  # fmt: skip
+    outcomes: dict[int, object] = {}
+
+    def send(value: int, sleep_ms: int) -> None:
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+        tensor = httpclient.InferInput("IN", [1, 1], "FP32")
+        tensor.set_data_from_numpy(np.array([[value]], np.float32))
+        try:
+            result = client.infer("ledger", [tensor], parameters={"sleep_ms": sleep_ms})
+            outcomes[value] = float(result.as_numpy("OUT")[0][0])
+        except InferenceServerException as exc:
+            outcomes[value] = str(exc)
+        finally:
+            client.close()
+
+    busy = [threading.Thread(target=send, args=(v, 2500)) for v in (1, 2)]
+    try:
+        for thread in busy:  # both instances busy for 2.5 s
+            thread.start()
+        time.sleep(0.8)
+        queued = threading.Thread(target=send, args=(3, 0))
+        queued.start()  # waits in the stream
+        time.sleep(0.5)
+        private_redis.stop()
+        private_redis.start()  # same port, no data: the queued request is gone
+        for thread in busy:
+            thread.join(30)
+        assert 3 not in outcomes  # not answered yet: its answer is lost
+        started = time.monotonic()
+        code = stop_server(server)
+        exit_s = time.monotonic() - started
+        queued.join(10)
+        log = server.log()
+    finally:
+        stop_server(server)
+    assert code == 0
+    assert exit_s < 10, (exit_s, log[-3000:])
+    assert "no model instance is left" in str(outcomes.get(3)), outcomes
+    assert "waited for answers no instance can give" in log
