@@ -34,7 +34,7 @@ __all__ = ["RPC_GROUPS", "guard_servicer", "metadata_dict", "translate"]
 
 logger = logging.getLogger(__name__)
 #: one line per Redis outage, not one per failed request
-_OUTAGE = OutageLog(logger, "gRPC requests")
+REDIS_OUTAGE = OutageLog(logger, "gRPC requests")
 
 #: RPC name -> Triton API group (server ``src/grpc/grpc_server.cc`` registrations).
 RPC_GROUPS: dict[str, str] = {
@@ -66,7 +66,7 @@ def translate(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, SluiceError):
         return grpc_status(exc.code), exc.message
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
-        _OUTAGE.failed(exc)
+        REDIS_OUTAGE.failed(exc)
         return grpc.StatusCode.UNAVAILABLE, f"broker unavailable: {exc}"
     logger.error("unexpected error in a gRPC handler", exc_info=exc)
     return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"

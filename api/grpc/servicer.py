@@ -27,7 +27,7 @@ from api.grpc.codec import (
     parse_infer_request,
     parse_version,
 )
-from api.grpc.guard import RPC_GROUPS, guard_servicer, translate
+from api.grpc.guard import REDIS_OUTAGE, RPC_GROUPS, guard_servicer, translate
 from api.repository_params import load_parameters, unload_dependents
 from broker.errors import ErrorCode, SluiceError
 
@@ -144,6 +144,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         result = await self._dp.infer(
             model, version, parsed.client_id, parsed.inputs, parsed.outputs, parsed.parameters
         )
+        REDIS_OUTAGE.ok()  # an answer came through Redis: an outage logged is over
         return encode_infer_response(
             model=model,
             version=str(result.version),

@@ -329,6 +329,7 @@ class InferEndpoint:
             result = dp.result(model, parsed.client_id, future.result())
             content, out = _encode(result, parsed, headers)
             status = 200
+            _OUTAGE.ok()  # an answer came through Redis: an outage logged is over
         except (Exception, asyncio.CancelledError) as exc:  # cancelled: the server exits
             if isinstance(exc, SluiceError):
                 dp.log_failure(request_id, parsed.client_id, model, version, exc)
