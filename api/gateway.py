@@ -296,6 +296,9 @@ async def serve_gateway(settings: GatewaySettings) -> None:
 
 #: how often a stopping gateway checks whether any model instance is still live, in s.
 RELEASE_CHECK_S = 0.5
+#: checks in a row that find Redis unreachable (or silent for a check's interval) after
+#: which a stopping gateway answers the requests still waiting.
+RELEASE_UNREACHABLE_CHECKS = 3
 
 
 async def _release_unanswerable(dataplane: DataPlane) -> None:
@@ -303,20 +306,29 @@ async def _release_unanswerable(dataplane: DataPlane) -> None:
     drained and exited, as in ``sluice serve``'s shutdown), answer the requests still
     waiting with 503 / UNAVAILABLE at once instead of holding the exit up to
     ``--exit-timeout-secs`` for answers nothing can give (lost, e.g., by a Redis that
-    restarted without its data)."""
+    restarted without its data). The same once Redis stayed unreachable for
+    :data:`RELEASE_UNREACHABLE_CHECKS` checks (the private Redis died just before the
+    stop: ``sluice serve`` does not start it again while stopping)."""
+    unreachable = 0
     while True:
         await asyncio.sleep(RELEASE_CHECK_S)
         if not dataplane.router.waiting:
             continue
         try:
-            if await dataplane.any_instance_live():
+            if await asyncio.wait_for(dataplane.any_instance_live(), RELEASE_CHECK_S):
+                unreachable = 0
                 continue
-        except redis.exceptions.RedisError:
-            continue
+        except (redis.exceptions.RedisError, TimeoutError):
+            # answers travel through Redis: while it is unreachable none can come, and
+            # the instances stop without it too
+            unreachable += 1
+            if unreachable < RELEASE_UNREACHABLE_CHECKS:
+                continue
         failed = dataplane.router.fail_waiting(
             SluiceError(
                 ErrorCode.UNAVAILABLE,
-                "Server exiting: no model instance is left to answer this request",
+                "Server exiting: no model instance is left to answer this request"
+                + (" (Redis unreachable)" if unreachable else ""),
             )
         )
         if failed:

@@ -18,6 +18,8 @@ import threading
 
 import redis
 
+from broker.outage import OutageLog
+
 logger = logging.getLogger(__name__)
 
 #: the lease lapses this long after its last renewal, in ms.
@@ -79,12 +81,14 @@ class DeploymentLease:
 
     def _renew_forever(self) -> None:
         lost = False
+        outage = OutageLog(logger, "deployment lease renewal")
         while not self._stop.wait(RENEW_S):
             try:
                 outcome = self._renew(keys=[self._key], args=[self.owner, LEASE_MS])
             except redis.exceptions.RedisError as exc:
-                logger.warning("cannot renew the deployment lease: %s", exc)
+                outage.failed(exc)
                 continue
+            outage.ok()
             if outcome == 2:
                 logger.warning(
                     "the deployment lease %s had lapsed (Redis stalled or lost its data); "
