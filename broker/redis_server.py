@@ -230,12 +230,18 @@ def start_private_redis(
     return _wait_answering(_spawn(command), url, timeout_s), url
 
 
+def _option(process: subprocess.Popen[bytes], name: str) -> str | None:
+    """The value of command-line option ``name`` (``--dir``) the server was started with."""
+    args = [str(a) for a in process.args]  # type: ignore[union-attr]
+    return args[args.index(name) + 1] if name in args[:-1] else None
+
+
 def private_redis_url(process: subprocess.Popen[bytes]) -> str:
     """The URL of a redis-server :func:`start_private_redis` started (from its arguments)."""
-    args = [str(a) for a in process.args]  # type: ignore[union-attr]
-    if "--unixsocket" in args:
-        return f"unix://{args[args.index('--unixsocket') + 1]}?db=0"
-    return f"redis://127.0.0.1:{args[args.index('--port') + 1]}/0"
+    path = _option(process, "--unixsocket")
+    if path is not None:
+        return f"unix://{path}?db=0"
+    return f"redis://127.0.0.1:{_option(process, '--port')}/0"
 
 
 def restart_private_redis(
@@ -251,11 +257,11 @@ def restart_private_redis(
         RuntimeError: it could not be started, exited at start, or did not answer within
             ``timeout_s`` seconds.
     """
-    args = [str(a) for a in process.args]  # type: ignore[union-attr]
+    workdir = _option(process, "--dir")
     try:
-        if "--dir" in args:
-            os.makedirs(args[args.index("--dir") + 1], mode=0o700, exist_ok=True)
-        started = _spawn(args)
+        if workdir is not None:
+            os.makedirs(workdir, mode=0o700, exist_ok=True)
+        started = _spawn([str(a) for a in process.args])  # type: ignore[union-attr]
     except OSError as exc:
         raise RuntimeError(f"cannot start redis-server: {exc}") from exc
     return _wait_answering(started, private_redis_url(process), timeout_s)
@@ -270,8 +276,6 @@ def stop_private_redis(process: subprocess.Popen[bytes], timeout_s: float = 10.0
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(timeout_s)
-    args = [str(a) for a in process.args]  # type: ignore[union-attr]
-    if "--dir" in args:
-        workdir = args[args.index("--dir") + 1]
-        if os.path.basename(workdir).startswith(FOLDER_PREFIX):
-            shutil.rmtree(workdir, ignore_errors=True)
+    workdir = _option(process, "--dir")
+    if workdir is not None and os.path.basename(workdir).startswith(FOLDER_PREFIX):
+        shutil.rmtree(workdir, ignore_errors=True)
