@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+import rapidjson
 
 from api.outputs import select_outputs
 from api.parameters import (
@@ -125,10 +126,7 @@ def parse_infer_request(
             model=model,
         )
 
-    try:
-        document = orjson.loads(view[:header_length])
-    except orjson.JSONDecodeError as exc:
-        raise invalid_arg(f"failed to parse the request JSON buffer: {exc}", model=model) from None
+    document = _loads_json(view[:header_length], model)
     if not isinstance(document, dict):
         raise invalid_arg(
             "failed to parse the request JSON buffer: the request must be a JSON object",
@@ -149,6 +147,29 @@ def parse_infer_request(
         parameters=parameters,
         binary_data_output=binary_data_output,
     )
+
+
+def _loads_json(text: memoryview, model: str) -> object:
+    """The request's JSON document. Like Triton's parser (triton common ``TritonJson::Parse``,
+    rapidjson's ``kParseNanAndInfFlag``), the literals ``NaN``, ``Infinity``, ``-Infinity``,
+    ``Inf`` and ``-Inf`` are numbers (tritonclient writes them for non-finite floats).
+    orjson parses everything else; a document it refuses is parsed again by
+    python-rapidjson (the same parser as Triton's) allowing those literals.
+
+    Raises:
+        SluiceError: INVALID_ARG naming the model when neither parses it (orjson's text).
+    """
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        error = exc
+    raw = bytes(text)
+    try:
+        if b"\0" not in raw:  # rapidjson stops at a NUL byte; no JSON text holds one
+            return rapidjson.loads(raw, number_mode=rapidjson.NM_NAN)
+    except (rapidjson.JSONDecodeError, ValueError):
+        pass
+    raise invalid_arg(f"failed to parse the request JSON buffer: {error}", model=model) from None
 
 
 def _parse_request_parameters(raw: object, model: str) -> tuple[dict[str, ParameterValue], bool]:
@@ -410,7 +431,9 @@ def encode_infer_response(
         carry ``Inference-Header-Content-Length`` and
         ``Content-Type: application/octet-stream``; otherwise the body is JSON
         and ``Content-Type`` is ``application/json``. JSON floats that are NaN
-        or infinite are written as ``null`` (orjson).
+        or infinite are written ``NaN``, ``Infinity`` and ``-Infinity``, as Triton
+        writes them (triton common ``TritonJson::Write``, rapidjson's
+        ``kWriteNanAndInfFlag``); tritonclient reads them back.
 
     Raises:
         SluiceError: INVALID_ARG for FP16/BF16 or non-UTF-8 BYTES asked for as
@@ -485,7 +508,11 @@ def _wire_to_json_data(tensor: WireTensor, model: str) -> Any:
         return np.frombuffer(tensor.data, dtype=np.uint8) != 0
     dtype = NUMPY_DTYPES[datatype]
     # orjson serializes native-endian numpy arrays only.
-    return np.frombuffer(tensor.data, dtype=dtype).astype(dtype.newbyteorder("="), copy=False)
+    array = np.frombuffer(tensor.data, dtype=dtype).astype(dtype.newbyteorder("="), copy=False)
+    if dtype.kind == "f" and not np.isfinite(array).all():
+        # orjson would write null; Triton writes NaN / Infinity / -Infinity
+        return orjson.Fragment(rapidjson.dumps(array.tolist(), number_mode=rapidjson.NM_NAN))
+    return array
 
 
 def _size_mismatch(name: str, model: str, detail: str) -> SluiceError:

@@ -113,6 +113,26 @@ def test_every_datatype_round_trips(http_client, binary: bool) -> None:
             np.testing.assert_array_equal(got, array, err_msg=name)
 
 
+def test_non_finite_floats_round_trip_as_json(http_client) -> None:
+    # tritonclient writes NaN / Infinity / -Infinity in JSON and reads them back; Triton's
+    # parser and writer take and give them (rapidjson's NaN-and-Inf flags)
+    special = np.array([[np.nan, np.inf, -np.inf, 1.5], [-0.0, 3.0e38, -1e-45, 2.0]])
+    inputs, data = _types_inputs(binary=False)
+    for tensor in inputs:
+        name = tensor.name().removeprefix("IN_")
+        if name in ("FP32", "FP64"):
+            data[name] = special.astype(TYPES[name])
+            tensor.set_data_from_numpy(data[name], binary_data=False)
+    outputs = [
+        httpclient.InferRequestedOutput(f"OUT_{n}", binary_data=False) for n in ("FP32", "FP64")
+    ]
+    result = http_client.infer("identity_types", inputs, outputs=outputs)
+    for name in ("FP32", "FP64"):
+        got = result.as_numpy(f"OUT_{name}")
+        assert got.dtype == data[name].dtype
+        assert got.tobytes() == data[name].tobytes(), name
+
+
 def test_fp16_json_rejected(http_client) -> None:
     inputs, _ = _types_inputs(True)
     outputs = [httpclient.InferRequestedOutput("OUT_FP16", binary_data=False)]

@@ -17,6 +17,7 @@ from broker.errors import ErrorCode, SluiceError
 from broker.messages import RequestedOutput, WireTensor
 
 MODEL = "m"
+NUMPY = {"FP32": np.float32, "FP64": np.float64}
 
 # datatype -> a 2x2 (or 2x3) array with extreme / awkward values
 ARRAYS: dict[str, np.ndarray] = {
@@ -918,6 +919,65 @@ def test_response_all_json_exact_body() -> None:
     assert result.as_numpy("B").tolist() == [[True, False, True]]
     assert result.as_numpy("T").tolist() == ["hi", ""]
     assert result.as_numpy("E").shape == (0, 2)
+
+
+NON_FINITE = np.array([np.nan, np.inf, -np.inf, 1.5, -0.0], dtype=np.float32)
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "FP64"])
+def test_non_finite_json_input_from_tritonclient(datatype: str) -> None:
+    # tritonclient writes NaN / Infinity / -Infinity (python-rapidjson); Triton's parser
+    # (kParseNanAndInfFlag) takes them as numbers
+    array = NON_FINITE.astype(NUMPY[datatype]).reshape(1, 5)
+    body, header_length = _client_body({"IN": (array, datatype, False)})
+    assert b"NaN" in body and b"-Infinity" in body
+    (tensor,) = parse_infer_request(body, header_length, model=MODEL).inputs
+    _assert_same(to_numpy(datatype, tensor.shape, tensor.data), array)
+
+
+def test_non_finite_literals_triton_accepts() -> None:
+    body, _ = _handmade({"inputs": [{"name": "X", "datatype": "FP32", "shape": [5], "data": []}]})
+    body = body.replace(b'"data":[]', b'"data":[NaN,Infinity,-Infinity,Inf,-Inf]')
+    (tensor,) = parse_infer_request(body, None, model=MODEL).inputs
+    got = to_numpy("FP32", tensor.shape, tensor.data)
+    assert np.isnan(got[0]) and got[1:].tolist() == [np.inf, -np.inf, np.inf, -np.inf]
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data", "message"),
+    [
+        ("FP32", b"[NaN,nan]", "failed to parse the request JSON buffer: "),  # not a literal
+        ("INT32", b"[NaN,1]", "Unable to parse 'data'"),  # a number, but not an integer
+    ],
+)
+def test_non_finite_literals_still_checked(datatype: str, data: bytes, message: str) -> None:
+    body = b'{"inputs":[{"name":"X","datatype":"%s","shape":[2],"data":%s}]}' % (
+        datatype.encode(),
+        data,
+    )
+    with pytest.raises(SluiceError) as info:
+        parse_infer_request(body, None, model=MODEL)
+    assert info.value.code is ErrorCode.INVALID_ARG
+    assert message in info.value.message
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "FP64"])
+def test_response_non_finite_written_as_triton_does(datatype: str) -> None:
+    array = NON_FINITE.astype(NUMPY[datatype])
+    tensor = WireTensor("F", datatype, (5,), array.astype(array.dtype.newbyteorder("<")).tobytes())
+    body, headers = encode_infer_response(
+        model=MODEL,
+        version="1",
+        client_id="",
+        outputs=[tensor, FP32],
+        requested=[],
+        binary_data_output=False,
+    )
+    # rapidjson's kWriteNanAndInfFlag literals, as Triton's TritonJson::Write
+    assert b'"data":[NaN,Infinity,-Infinity,1.5,-0.0]' in body
+    assert b'"data":[1.5,-2.0]' in body  # a finite output is written as before
+    got = _decode(body, headers).as_numpy("F")
+    _assert_same(got, array)
 
 
 def test_response_all_binary() -> None:
