@@ -13,6 +13,7 @@ INVALID_ARG (400), keeping Triton's message text (PROTOCOL.md 1.14, 2.1).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,9 @@ from broker.errors import ErrorCode, SluiceError, invalid_arg
 from broker.messages import ParameterValue, RequestedOutput, WireTensor
 
 __all__ = ["HttpInferRequest", "encode_infer_response", "parse_infer_request"]
+
+#: python-rapidjson's parse error text: offset, then rapidjson's reason
+_RAPIDJSON_ERROR = re.compile(r"Parse error at offset (\d+): (.*)", re.DOTALL)
 
 #: Triton's limit on the nesting of a JSON ``data`` array (a flat list is depth 1).
 MAX_DATA_DEPTH = 100
@@ -150,26 +154,34 @@ def parse_infer_request(
 
 
 def _loads_json(text: memoryview, model: str) -> object:
-    """The request's JSON document. Like Triton's parser (triton common ``TritonJson::Parse``,
-    rapidjson's ``kParseNanAndInfFlag``), the literals ``NaN``, ``Infinity``, ``-Infinity``,
-    ``Inf`` and ``-Inf`` are numbers (tritonclient writes them for non-finite floats).
-    orjson parses everything else; a document it refuses is parsed again by
-    python-rapidjson (the same parser as Triton's) allowing those literals.
+    """The request's JSON document, parsed as Triton parses it (triton common
+    ``TritonJson::Parse``: rapidjson with ``kParseNanAndInfFlag``, so ``NaN``,
+    ``Infinity``, ``-Infinity``, ``Inf`` and ``-Inf`` are numbers; tritonclient writes
+    them for non-finite floats). orjson parses what it can (fast); a document it refuses
+    is parsed by python-rapidjson, the same parser as Triton's, whose error is the one
+    reported, in Triton's words: ``failed to parse the request JSON buffer: <reason> at
+    <byte offset>``.
 
     Raises:
-        SluiceError: INVALID_ARG naming the model when neither parses it (orjson's text).
+        SluiceError: INVALID_ARG naming the model for a document neither parses, one
+            nested deeper than rapidjson's recursion limit, one with a NUL byte (rapidjson
+            would stop there) or with bytes that are not UTF-8 (Triton takes those as they
+            are; Sluice's strings are text).
     """
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError as exc:
-        error = exc
+        reason = str(exc)
     raw = bytes(text)
-    try:
-        if b"\0" not in raw:  # rapidjson stops at a NUL byte; no JSON text holds one
+    if b"\0" not in raw:  # no JSON text holds a NUL byte; rapidjson would stop at it
+        try:
             return rapidjson.loads(raw, number_mode=rapidjson.NM_NAN)
-    except (rapidjson.JSONDecodeError, ValueError):
-        pass
-    raise invalid_arg(f"failed to parse the request JSON buffer: {error}", model=model) from None
+        except UnicodeDecodeError as exc:
+            reason = f"Invalid encoding in string (not UTF-8). at {exc.start}"
+        except (ValueError, RecursionError) as exc:
+            found = _RAPIDJSON_ERROR.fullmatch(str(exc))
+            reason = f"{found[2]} at {found[1]}" if found else str(exc)
+    raise invalid_arg(f"failed to parse the request JSON buffer: {reason}", model=model)
 
 
 def _parse_request_parameters(raw: object, model: str) -> tuple[dict[str, ParameterValue], bool]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import numpy as np
@@ -357,6 +358,22 @@ def test_error_malformed_json(server) -> None:
     )
     assert response.status_code == 400
     assert response.json()["error"].startswith("failed to parse the request JSON buffer")
+
+
+@pytest.mark.parametrize("encoding", [None, "gzip"])
+def test_error_json_nested_too_deep(server, encoding: str | None) -> None:
+    # deeper than both JSON parsers go: Triton's parse error (400), not an internal error
+    body = b'{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1],"data":' + b"[" * 5000
+    headers = {}
+    if encoding:
+        body, headers = gzip.compress(body), {"Content-Encoding": encoding}
+    response = requests.post(
+        f"{server.base}/v2/models/add_sub/infer", data=body, headers=headers, timeout=10
+    )
+    assert response.status_code == 400
+    assert response.json()["error"] == (
+        "failed to parse the request JSON buffer: Maximum parse recursion depth exceeded! at 1063"
+    )
 
 
 def test_error_oversized_body(server, http_client) -> None:

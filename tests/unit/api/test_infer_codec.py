@@ -381,16 +381,15 @@ ERRORS: list[tuple[str, Any, int | None, ErrorCode, str]] = [
         b'{"inputs": [',
         None,
         ErrorCode.INVALID_ARG,
-        "failed to parse the request JSON buffer: unexpected end of data: line 1 column 13 "
-        "(char 12)",
+        # Triton's words: rapidjson's reason and byte offset
+        "failed to parse the request JSON buffer: Invalid value. at 12",
     ),
     (
         "empty-body",
         b"",
         None,
         ErrorCode.INVALID_ARG,
-        "failed to parse the request JSON buffer: Input is a zero-length, empty document: "
-        "line 1 column 1 (char 0)",
+        "failed to parse the request JSON buffer: The document is empty. at 0",
     ),
     (
         "not-object",
@@ -946,7 +945,10 @@ def test_non_finite_literals_triton_accepts() -> None:
 @pytest.mark.parametrize(
     ("datatype", "data", "message"),
     [
-        ("FP32", b"[NaN,nan]", "failed to parse the request JSON buffer: "),  # not a literal
+        # not a literal; the reason and offset are rapidjson's, not the NaN before it
+        ("FP32", b"[NaN,nan]", "failed to parse the request JSON buffer: Invalid value. at 66"),
+        ("FP32", b"[NaN,1]]", "Missing a comma or '}' after an object member. at 67"),
+        ("FP64", b"[NaN,1e400]", "Number too big to be stored in double. at 65"),
         ("INT32", b"[NaN,1]", "Unable to parse 'data'"),  # a number, but not an integer
     ],
 )
@@ -959,6 +961,26 @@ def test_non_finite_literals_still_checked(datatype: str, data: bytes, message: 
         parse_infer_request(body, None, model=MODEL)
     assert info.value.code is ErrorCode.INVALID_ARG
     assert message in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"[" * 2000, "Maximum parse recursion depth exceeded! at 1001"),
+        (b'{"parameters":' + b'{"a":' * 3000, "Maximum parse recursion depth exceeded at 5010"),
+        (b'{"id":"x\xff\xfe"}', "Invalid encoding in string (not UTF-8). at 8"),
+        (b'{"id":"\\ud800"}', "The surrogate pair in string is invalid. at "),
+    ],
+    ids=["deep-array", "deep-object", "not-utf8", "lone-surrogate"],
+)
+def test_bodies_no_parser_takes_are_invalid_arg(body: bytes, message: str) -> None:
+    # too deep for orjson (and rapidjson) or not text: a 400 naming the model, not a crash
+    with pytest.raises(SluiceError) as info:
+        parse_infer_request(body, None, model=MODEL)
+    assert info.value.code is ErrorCode.INVALID_ARG
+    assert info.value.message.startswith("failed to parse the request JSON buffer: ")
+    assert message in info.value.message
+    assert info.value.model == MODEL
 
 
 @pytest.mark.parametrize("datatype", ["FP32", "FP64"])
