@@ -90,9 +90,10 @@ def _header_length(headers: Mapping[bytes, bytes], body: bytes) -> int | None:
 
 
 def _parse(
-    dp: DataPlane, model: str, headers: Mapping[bytes, bytes], raw_body: bytes
+    dp: DataPlane, view: ModelView, headers: Mapping[bytes, bytes], raw_body: bytes
 ) -> HttpInferRequest:
-    """Decompress and parse a request whose body was read whole.
+    """Decompress and parse a request whose body was read whole (the model's config
+    inputs deduce a raw binary request's input).
 
     Raises:
         SluiceError: INVALID_ARG / UNSUPPORTED for a malformed body (Triton's texts).
@@ -103,7 +104,13 @@ def _parse(
         encoding.decode("latin-1") if encoding else None,
         dp.settings.http.max_body_bytes,
     )
-    return parse_infer_request(body, _header_length(headers, body), model=model)
+    return parse_infer_request(
+        body,
+        _header_length(headers, body),
+        model=view.name,
+        config_inputs=tuple(view.inputs.values()),
+        max_batch_size=view.max_batch_size,
+    )
 
 
 def _submit(
@@ -177,7 +184,7 @@ async def handle_infer(
     try:
         view, resolved = await dp.resolve_for_infer(model, version)  # unknown model: 404 first
         raw = await _read_body(receive, headers, dp.settings.http.max_body_bytes)
-        parsed = _parse(dp, model, headers, raw)
+        parsed = _parse(dp, view, headers, raw)
     except SluiceError as exc:  # refused before it had ids: one verbose line
         dp.log_failure(request_id, "", model, version, exc)
         raise
@@ -299,7 +306,7 @@ class InferEndpoint:
                     fallback()
                     return False
                 headers = dict(scope["headers"])
-                parsed = _parse(dp, model, headers, body)
+                parsed = _parse(dp, cached[0], headers, body)
             except SluiceError as exc:  # refused before it had ids: one verbose line
                 dp.log_failure(request_id, "", model, version, exc)
                 raise

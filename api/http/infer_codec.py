@@ -22,6 +22,7 @@ import numpy as np
 import orjson
 import rapidjson
 
+from api.models import TensorSpec
 from api.outputs import select_outputs
 from api.parameters import (
     check_datatype,
@@ -94,7 +95,12 @@ class HttpInferRequest:
 
 
 def parse_infer_request(
-    body: bytes | bytearray | memoryview, header_length: int | None, *, model: str
+    body: bytes | bytearray | memoryview,
+    header_length: int | None,
+    *,
+    model: str,
+    config_inputs: Sequence[TensorSpec] = (),
+    max_batch_size: int = 0,
 ) -> HttpInferRequest:
     """Parse an HTTP inference request body (JSON, optionally followed by binary data).
 
@@ -103,6 +109,10 @@ def parse_infer_request(
         header_length: the ``Inference-Header-Content-Length`` value; ``None`` when
             the header is absent (the whole body is JSON).
         model: model name, for error messages.
+        config_inputs: the model config's inputs, for a raw binary request
+            (``header_length == 0``: the whole body is the data of the only input).
+        max_batch_size: Triton model_config.proto ``max_batch_size``, for a raw
+            binary request (> 0: it is a batch of 1).
 
     Returns:
         The request with every input's data in the wire layout. Sizes against
@@ -110,8 +120,8 @@ def parse_infer_request(
 
     Raises:
         SluiceError: INVALID_ARG for any malformed body (Triton's texts,
-            PROTOCOL.md 1.14); UNSUPPORTED for a raw binary request
-            (``header_length == 0``) or shared-memory tensors.
+            PROTOCOL.md 1.14) or a raw binary request whose input cannot be deduced
+            (PROTOCOL.md 3.4); UNSUPPORTED for shared-memory tensors.
     """
     view = memoryview(body).cast("B")
     total = len(view)
@@ -123,12 +133,7 @@ def parse_infer_request(
             model=model,
         )
     elif header_length == 0:
-        raise SluiceError(
-            ErrorCode.UNSUPPORTED,
-            f"raw binary request (Inference-Header-Content-Length: 0) for model '{model}' "
-            "is not supported",
-            model=model,
-        )
+        return _parse_raw_request(view, model, config_inputs, max_batch_size)
 
     document = _loads_json(view[:header_length], model)
     if not isinstance(document, dict):
@@ -150,6 +155,65 @@ def parse_infer_request(
         outputs=outputs,
         parameters=parameters,
         binary_data_output=binary_data_output,
+    )
+
+
+def _parse_raw_request(
+    view: memoryview, model: str, config_inputs: Sequence[TensorSpec], max_batch_size: int
+) -> HttpInferRequest:
+    """A raw binary request (``Inference-Header-Content-Length: 0``, PROTOCOL.md 3.4): the
+    body is the data of the model's only input, whose shape comes from its config
+    ``dims`` with at most one ``-1``, sized by the body's bytes; a batching model gets a
+    batch of 1. A BYTES input must have dims ``[1]``: the body is its one element. Every
+    output is answered, in binary. Rules and texts: Triton core
+    ``InferenceRequest::Normalize``.
+
+    Raises:
+        SluiceError: INVALID_ARG when the model has more or fewer than one input, the
+            input has two or more ``-1`` dims, or it is BYTES with other dims than [1].
+    """
+    if len(config_inputs) != 1:
+        raise invalid_arg(
+            "Raw request must only have 1 input (found 1) to be deduced but got "
+            f"{len(config_inputs)} inputs in '{model}' model configuration",
+            model=model,
+        )
+    (spec,) = config_inputs
+    shape = [1] if max_batch_size > 0 else []
+    variable = -1
+    elements = 1
+    for dim in spec.dims:
+        if dim == -1:
+            if variable != -1:
+                raise invalid_arg(
+                    f"The shape of the raw input '{spec.name}' can not be deduced because "
+                    "there are more than one variable-sized dimension",
+                    model=model,
+                    tensor=spec.name,
+                )
+            variable = len(shape)
+        else:
+            elements *= dim
+        shape.append(dim)
+    data = bytes(view)
+    if spec.datatype == "BYTES":
+        if variable != -1 or elements != 1:
+            raise invalid_arg(
+                f"For BYTE datatype raw input '{spec.name}', the model must have input "
+                "shape [1]",
+                model=model,
+                tensor=spec.name,
+            )
+        data = serialize_bytes([data])
+    elif variable != -1:
+        unit = elements * ELEMENT_SIZES[spec.datatype]
+        shape[variable] = len(data) // unit if unit else 0
+    return HttpInferRequest(
+        client_id="",
+        inputs=(WireTensor(spec.name, spec.datatype, tuple(shape), data),),
+        outputs=(),
+        parameters={},
+        binary_data_output=True,
     )
 
 

@@ -204,6 +204,45 @@ def test_digits_predictions_match_in_process(http_client, model_repository, exam
     assert np.mean(np.array(got) == labels) > 0.9
 
 
+def test_raw_binary_request(server, http_client, examples) -> None:
+    # Inference-Header-Content-Length: 0: the body is the only input's data, a batch of
+    # 1 (PROTOCOL.md 3.4); every output comes back in binary
+    image = examples.digits_test_split()[0][:1]
+    response = requests.post(
+        f"{server.base}/v2/models/digits/infer",
+        data=image.tobytes(),
+        headers={"Inference-Header-Content-Length": "0"},
+        timeout=10,
+    )
+    assert response.status_code == 200, response.text
+    assert response.headers["Content-Type"] == "application/octet-stream"
+    raw = httpclient.InferResult.from_response_body(
+        response.content,
+        header_length=int(response.headers["Inference-Header-Content-Length"]),
+    )
+    tensor = httpclient.InferInput("input", [1, 64], "FP32")
+    tensor.set_data_from_numpy(image)
+    usual = http_client.infer("digits", [tensor])
+    assert [o["name"] for o in raw.get_response()["outputs"]] == ["label", "probabilities"]
+    for name in ("label", "probabilities"):
+        assert raw.as_numpy(name).tobytes() == usual.as_numpy(name).tobytes()
+        assert raw.as_numpy(name).shape == usual.as_numpy(name).shape
+
+
+def test_raw_binary_request_needs_one_input(server) -> None:
+    response = requests.post(
+        f"{server.base}/v2/models/add_sub/infer",
+        data=np.zeros(32, np.float32).tobytes(),
+        headers={"Inference-Header-Content-Length": "0"},
+        timeout=10,
+    )
+    assert response.status_code == 400
+    assert response.json()["error"] == (
+        "Raw request must only have 1 input (found 1) to be deduced but got 2 inputs in "
+        "'add_sub' model configuration"
+    )
+
+
 def _error(http_client, model: str, inputs: list, **kwargs) -> InferenceServerException:
     with pytest.raises(InferenceServerException) as info:
         http_client.infer(model, inputs, **kwargs)

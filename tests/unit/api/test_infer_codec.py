@@ -12,6 +12,7 @@ import tritonclient.http as httpclient
 from tritonclient.http._utils import _get_inference_request
 
 from api.http.infer_codec import HttpInferRequest, encode_infer_response, parse_infer_request
+from api.models import TensorSpec
 from broker.datatypes import serialize_bytes, to_numpy
 from broker.errors import ErrorCode, SluiceError
 from broker.messages import RequestedOutput, WireTensor
@@ -370,11 +371,12 @@ ERRORS: list[tuple[str, Any, int | None, ErrorCode, str]] = [
         "inference header size should be in range (0, 2), got: -1",
     ),
     (
-        "raw-binary",
+        "raw-binary-without-config-inputs",
         b"{}",
         0,
-        ErrorCode.UNSUPPORTED,
-        "raw binary request (Inference-Header-Content-Length: 0) for model 'm' is not supported",
+        ErrorCode.INVALID_ARG,
+        "Raw request must only have 1 input (found 1) to be deduced but got 0 inputs in 'm' "
+        "model configuration",
     ),
     (
         "bad-json",
@@ -824,6 +826,69 @@ def test_request_errors(
     assert info.value.code is code
     assert info.value.message == message
     assert str(info.value) == message
+
+
+# ------------------------------------------------------------ raw binary requests (3.4)
+
+
+@pytest.mark.parametrize(
+    ("spec", "max_batch_size", "body", "shape"),
+    [
+        (TensorSpec("X", "FP32", (4,)), 8, np.arange(4, dtype="<f4").tobytes(), (1, 4)),
+        (TensorSpec("X", "FP32", (-1, 4)), 8, np.arange(12, dtype="<f4").tobytes(), (1, 3, 4)),
+        (TensorSpec("X", "INT64", (2, -1)), 0, np.arange(6, dtype="<i8").tobytes(), (2, 3)),
+        (TensorSpec("X", "UINT8", (-1,)), 0, b"", (0,)),
+        (TensorSpec("X", "FP16", (0, -1)), 0, b"", (0, 0)),
+    ],
+    ids=["fixed-batch-of-1", "variable-batching", "variable-not-batching", "empty", "zero-dim"],
+)
+def test_raw_binary_request_shape_deduced(
+    spec: TensorSpec, max_batch_size: int, body: bytes, shape: tuple[int, ...]
+) -> None:
+    request = parse_infer_request(
+        body, 0, model=MODEL, config_inputs=[spec], max_batch_size=max_batch_size
+    )
+    assert request.inputs == (WireTensor("X", spec.datatype, shape, body),)
+    # every output, in binary; no id, no parameters
+    assert (request.outputs, request.binary_data_output) == ((), True)
+    assert (request.client_id, request.parameters) == ("", {})
+
+
+def test_raw_binary_bytes_input_is_one_element() -> None:
+    spec = TensorSpec("S", "BYTES", (1,))
+    request = parse_infer_request(b"h\x00llo", 0, model=MODEL, config_inputs=[spec])
+    assert request.inputs == (WireTensor("S", "BYTES", (1,), serialize_bytes([b"h\x00llo"])),)
+
+
+@pytest.mark.parametrize(
+    ("specs", "message"),
+    [
+        (
+            [TensorSpec("A", "FP32", (4,)), TensorSpec("B", "FP32", (4,))],
+            "Raw request must only have 1 input (found 1) to be deduced but got 2 inputs in "
+            "'m' model configuration",
+        ),
+        (
+            [TensorSpec("X", "FP32", (-1, -1))],
+            "The shape of the raw input 'X' can not be deduced because there are more than "
+            "one variable-sized dimension",
+        ),
+        (
+            [TensorSpec("S", "BYTES", (-1,))],
+            "For BYTE datatype raw input 'S', the model must have input shape [1]",
+        ),
+        (
+            [TensorSpec("S", "BYTES", (2,))],
+            "For BYTE datatype raw input 'S', the model must have input shape [1]",
+        ),
+    ],
+    ids=["two-inputs", "two-variable-dims", "bytes-variable", "bytes-two"],
+)
+def test_raw_binary_request_refused(specs: list[TensorSpec], message: str) -> None:
+    with pytest.raises(SluiceError) as info:
+        parse_infer_request(b"\x00" * 16, 0, model=MODEL, config_inputs=specs, max_batch_size=4)
+    assert info.value.code is ErrorCode.INVALID_ARG
+    assert info.value.message == message
 
 
 def test_leftover_binary_data() -> None:
