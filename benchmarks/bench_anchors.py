@@ -117,27 +117,55 @@ def run(args: argparse.Namespace) -> Path:
         "--redis-url", redis_url, "--key-prefix", prefix,
     ]  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "sluice.log", "wb") as log:
-        try:
-            _measure(args, command, log, out, None if private is None else private.pid)
-        finally:
-            if private is None:
-                delete_prefix(redis_url, prefix)  # the server stopped; its queues go too
-            else:
-                stop_private_redis(private)
+    try:
+        _measure(args, command, out, None if private is None else private.pid)
+    finally:
+        if private is None:
+            delete_prefix(redis_url, prefix)  # the server stopped; its queues go too
+        else:
+            stop_private_redis(private)
     return out
 
 
-def _measure(
-    args: argparse.Namespace, command: list[str], log: object, out: Path, redis_pid: int | None
-) -> None:
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+def start_server(command: list[str], log: Path, port: int) -> subprocess.Popen[bytes]:
+    """Start a server in a session of its own, its output in ``log``; wait until
+    ``/v2/health/ready`` on ``port`` answers 200.
+
+    Raises:
+        SystemExit: it exited, or was not ready within 180 s (it is stopped then).
+    """
+    with open(log, "wb") as out:
+        server = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    deadline = time.monotonic() + 180
+    while not _ready(port):
+        if server.poll() is not None or time.monotonic() > deadline:
+            stop_server(server)
+            raise SystemExit(
+                f"{command[0]} did not become ready (exit {server.poll()}); see {log}"
+            )
+        time.sleep(0.5)
+    return server
+
+
+def stop_server(server: subprocess.Popen[bytes]) -> None:
+    """SIGINT to the server's process group; SIGKILL after 30 s."""
     try:
-        deadline = time.monotonic() + 120
-        while not _ready(args.http_port):
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"sluice serve did not become ready (exit {server.poll()})")
-            time.sleep(0.5)
+        os.killpg(server.pid, signal.SIGINT)
+        server.wait(30)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(10)
+
+
+def _measure(
+    args: argparse.Namespace, command: list[str], out: Path, redis_pid: int | None
+) -> None:
+    server = start_server(command, out / "sluice.log", args.http_port)
+    try:
         harness = [
             "bash", str(BENCH / "run_anchors.sh"),
             "--peers", args.peers,
@@ -166,11 +194,7 @@ def _measure(
             )
         )
     finally:
-        os.killpg(server.pid, signal.SIGINT)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
+        stop_server(server)
 
 
 class RedisSampler(threading.Thread):

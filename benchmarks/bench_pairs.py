@@ -24,55 +24,29 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_anchors import ANCHORS, BENCH, ROOT, _ready, redis_cpu_ticks
+from bench_anchors import (
+    ANCHORS,
+    BENCH,
+    ROOT,
+    redis_cpu_ticks,
+    start_server,
+    stop_server,
+)
 
 from broker.redis_server import start_private_redis, stop_private_redis
 
 #: the anchors' client venv runs ``anchors_tools.py`` (wrk with CPU accounting)
 CLIENT_PYTHON = ANCHORS / "venv-client" / "bin" / "python"
-
-
-def _start(command: list[str], log: Path, port: int) -> subprocess.Popen[bytes]:
-    """Start a server in its own session; wait until ``/v2/health/ready`` on ``port``.
-
-    Raises:
-        SystemExit: (2) it exited or was not ready within 180 s.
-    """
-    with open(log, "wb") as out:
-        server = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    deadline = time.monotonic() + 180
-    while not _ready(port):
-        if server.poll() is not None or time.monotonic() > deadline:
-            _stop(server)
-            raise SystemExit(f"{command[0]} did not become ready; see {log}")
-        time.sleep(0.5)
-    return server
-
-
-def _stop(server: subprocess.Popen[bytes]) -> None:
-    """SIGINT to the server's process group; SIGKILL after 30 s."""
-    try:
-        os.killpg(server.pid, signal.SIGINT)
-        server.wait(30)
-    except ProcessLookupError:
-        return
-    except subprocess.TimeoutExpired:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait(10)
 
 
 def _wrk(args: argparse.Namespace, port: int, pid: int, label: str, jsonl: Path) -> dict:
@@ -104,7 +78,7 @@ def measure(args: argparse.Namespace, out: Path) -> list[tuple[dict, dict]]:
     triton = sluice = None
     pairs: list[tuple[dict, dict]] = []
     try:
-        triton = _start(
+        triton = start_server(
             [
                 "bash", str(BENCH / "start_triton.sh"), str(ANCHORS / "models"),
                 str(args.triton_port), str(args.triton_port + 1), str(args.triton_port + 2),
@@ -113,7 +87,7 @@ def measure(args: argparse.Namespace, out: Path) -> list[tuple[dict, dict]]:
             out / "triton.log",
             args.triton_port,
         )  # fmt: skip
-        sluice = _start(
+        sluice = start_server(
             [
                 str(ROOT / ".venv" / "bin" / "sluice"), "serve",
                 "--model-repository", str(ANCHORS / "models-onnx"),
@@ -143,7 +117,7 @@ def measure(args: argparse.Namespace, out: Path) -> list[tuple[dict, dict]]:
     finally:
         for server in (sluice, triton):
             if server is not None:
-                _stop(server)
+                stop_server(server)
         stop_private_redis(private)
     return pairs
 

@@ -108,7 +108,7 @@ def _parse(
         body,
         _header_length(headers, body),
         model=view.name,
-        config_inputs=tuple(view.inputs.values()),
+        config_inputs=view.inputs.values(),  # read only by a raw binary request
         max_batch_size=view.max_batch_size,
     )
 

@@ -14,7 +14,7 @@ INVALID_ARG (400), keeping Triton's message text (PROTOCOL.md 1.14, 2.1).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,7 +99,7 @@ def parse_infer_request(
     header_length: int | None,
     *,
     model: str,
-    config_inputs: Sequence[TensorSpec] = (),
+    config_inputs: Collection[TensorSpec] = (),
     max_batch_size: int = 0,
 ) -> HttpInferRequest:
     """Parse an HTTP inference request body (JSON, optionally followed by binary data).
@@ -159,7 +159,7 @@ def parse_infer_request(
 
 
 def _parse_raw_request(
-    view: memoryview, model: str, config_inputs: Sequence[TensorSpec], max_batch_size: int
+    view: memoryview, model: str, config_inputs: Collection[TensorSpec], max_batch_size: int
 ) -> HttpInferRequest:
     """A raw binary request (``Inference-Header-Content-Length: 0``, PROTOCOL.md 3.4): the
     body is the data of the model's only input, whose shape comes from its config
