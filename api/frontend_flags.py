@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from api.settings import GatewaySettings
+from broker.latency_window import parse_quantiles
 
 __all__ = [
     "METRICS_CONFIG_KEYS",
@@ -83,6 +84,7 @@ METRICS_CONFIG_KEYS = {
     "counter_latencies": "counter_latencies",
     "summary_latencies": "summary_latencies",
     "histogram_latencies": "histogram_latencies",
+    "summary_quantiles": "summary_quantiles",
 }
 
 
@@ -143,14 +145,24 @@ def _dest(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
 
-def _metrics_config(text: str) -> tuple[str, bool]:
+def _metrics_config(text: str) -> tuple[str, bool | str]:
     key, sep, value = text.partition("=")
     if not sep or key not in METRICS_CONFIG_KEYS:
         raise argparse.ArgumentTypeError(
             f"expected <key>=<value> with key one of {', '.join(METRICS_CONFIG_KEYS)}, "
             f"got '{text}'"
         )
+    if key == "summary_quantiles":
+        try:
+            parse_quantiles(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return key, value
     return key, _bool(value)
+
+
+def _config_text(value: bool | str) -> str:
+    return value if isinstance(value, str) else ("true" if value else "false")
 
 
 def add_frontend_arguments(parser: argparse.ArgumentParser) -> None:
@@ -163,8 +175,9 @@ def add_frontend_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         type=_metrics_config,
         default=None,
-        help="<key>=<value>: counter_latencies (true), summary_latencies and "
-        "histogram_latencies (accepted, not implemented) (repeatable)",
+        help="<key>=<value>: counter_latencies (true), summary_latencies (false), "
+        "summary_quantiles (<q>:<error>,...), histogram_latencies (accepted, not "
+        "implemented) (repeatable)",
     )
     for flag, _, help_text in _RESTRICT_FLAGS:
         parser.add_argument(flag, action="append", default=None, help=help_text)
@@ -178,8 +191,8 @@ def forward_frontend_arguments(args: argparse.Namespace) -> list[str]:
         if value is not None:
             text = ("true" if value else "false") if isinstance(value, bool) else str(value)
             argv += [spec.flag, text]
-    for key, enabled in getattr(args, "metrics_config", None) or ():
-        argv += ["--metrics-config", f"{key}={'true' if enabled else 'false'}"]
+    for key, value in getattr(args, "metrics_config", None) or ():
+        argv += ["--metrics-config", f"{key}={_config_text(value)}"]
     for flag, _, _ in _RESTRICT_FLAGS:
         for value in getattr(args, _dest(flag)) or ():
             argv += [flag, value]
@@ -203,8 +216,8 @@ def apply_frontend_arguments(
         value = getattr(args, _dest(spec.flag), None)
         if value is not None and spec.field is not None:
             sections[spec.section][spec.field] = value
-    for key, enabled in getattr(args, "metrics_config", None) or ():
-        metrics[METRICS_CONFIG_KEYS[key]] = enabled
+    for key, value in getattr(args, "metrics_config", None) or ():
+        metrics[METRICS_CONFIG_KEYS[key]] = value
     for flag, section, _ in _RESTRICT_FLAGS:
         values = getattr(args, _dest(flag), None)
         if values:

@@ -105,6 +105,11 @@ class StreamConsumer:
         if self._deferred:
             self._run_deferred()
 
+    def defer(self, commands: Sequence[tuple[object, ...]]) -> None:
+        """Hold plain ``commands`` back to travel with the next read or flush (their
+        replies are checked for errors like a finish's)."""
+        self._deferred.extend(commands)
+
     def _run_deferred(self, *more: tuple[object, ...]) -> list[object]:
         """The deferred commands and ``more`` in one round trip. When Redis cannot be
         reached the deferred ones are kept (they may have run: replies are dropped as

@@ -75,3 +75,8 @@ class KeySchema:
     def stats_shards(self, model: str, version: int) -> str:
         """Set of the version's ``stats_shard`` keys (readers add them to ``stats``)."""
         return f"{self.prefix}{{{model}}}:stats:{version}:shards"
+
+    def latency_window(self, model: str, version: int) -> str:
+        """Prefix of the version's latency histograms, one hash per age bucket (the bucket
+        number follows; ``broker.latency_window``)."""
+        return f"{self.prefix}{{{model}}}:latency:{version}:"

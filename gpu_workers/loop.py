@@ -26,6 +26,7 @@ import redis.exceptions
 from batching import Batch, DynamicBatcher, Pending, Rejected
 from broker.consumer import Delivery, StreamConsumer
 from broker.datatypes import config_to_protocol, serialize_bytes, to_numpy
+from broker.latency_window import LatencyRecorder
 from broker.messages import ErrorInfo, InferRequestMessage, InferResponseMessage, WireTensor
 from broker.outage import OutageLog
 from broker.scheduling import ShapeKeys, StreamLayout
@@ -120,6 +121,12 @@ class InstanceLoop:
         self._batching = batching
         self._clock = clock
         self._batcher = DynamicBatcher(layout.policy)
+        #: latency histograms of the summary metrics (None: nothing is counted)
+        self._latencies = (
+            LatencyRecorder(layout.keys.latency_window(layout.model, layout.version))
+            if stats is not None
+            else None
+        )
         self._held: dict[str, _Held] = {}
         self._read_count = max(1, layout.policy.max_batch_size)
         self._read_ns = READ_LEAD_START_NS  # see _poll
@@ -188,6 +195,8 @@ class InstanceLoop:
                         self._stats.registered = False
             self.drain()
         finally:
+            if self._latencies is not None:
+                self._consumer.defer(self._latencies.flush(self._clock(), force=True))
             self._flush_kept()  # what cannot be sent stays pending in Redis for recovery
 
     def _resume(self) -> None:
@@ -215,6 +224,8 @@ class InstanceLoop:
         wake = self._batcher.wake_at(now)
         room = max(1, self._read_count - len(self._held))
         if wake is None:
+            if self._latencies is not None:  # observations wait at most ~1 s when idle
+                self._consumer.defer(self._latencies.flush(now))
             # Nothing held: block until a request arrives (Redis wakes blocked readers at
             # once on XADD; only the timeout is coarse, so it is a heartbeat, not a delay).
             self.admit(self._consumer.read(count=room, block_ms=HEARTBEAT_MS))
@@ -503,6 +514,18 @@ class InstanceLoop:
                 times=times,
                 now_ms=done // 1_000_000,
             )
+            if self._latencies is not None:
+                self._latencies.observe_batch(
+                    [max(0, done - t) // 1000 for t in enqueued],
+                    [max(0, start - t) // 1000 for t in enqueued],
+                    (
+                        times.compute_input_ns // 1000,
+                        times.compute_infer_ns // 1000,
+                        times.compute_output_ns // 1000,
+                    ),
+                    done,
+                )
+                self._consumer.defer(self._latencies.flush(done))
         for item, reason in failures:
             delta.failure(request_ns=done - item.delivery.message.enqueued_ns, reason=reason)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.utils import floatToGoString
@@ -28,17 +29,18 @@ class Family:
         name: the metric name, exactly as exposed (no suffix is added).
         type: ``counter``, ``gauge``, ``summary``, ``histogram`` or ``untyped``.
         help: the ``# HELP`` text.
-        samples: (labels, value) pairs, in the order written.
+        samples: (labels, value) pairs, in the order written; (labels, value, suffix)
+            for a sample named ``name + suffix`` (a summary's ``_count`` and ``_sum``).
     """
 
     name: str
     type: str
     help: str
-    samples: list[tuple[dict[str, str], float]] = field(default_factory=list)
+    samples: list[tuple[Any, ...]] = field(default_factory=list)
 
-    def add(self, labels: Mapping[str, str], value: float) -> None:
-        """Append one sample."""
-        self.samples.append((dict(labels), value))
+    def add(self, labels: Mapping[str, str], value: float, suffix: str = "") -> None:
+        """Append one sample (named ``name + suffix``)."""
+        self.samples.append((dict(labels), value, suffix) if suffix else (dict(labels), value))
 
 
 def _escape(value: str) -> str:
@@ -63,10 +65,11 @@ def render(families: Iterable[Family]) -> bytes:
         help_text = family.help.replace("\\", r"\\").replace("\n", r"\n")
         lines.append(f"# HELP {family.name} {help_text}")
         lines.append(f"# TYPE {family.name} {family.type}")
-        for labels, value in family.samples:
+        for labels, value, *suffix in family.samples:
+            name = family.name + (suffix[0] if suffix else "")
             if labels:
                 pairs = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
-                lines.append(f"{family.name}{{{pairs}}} {_number(value)}")
+                lines.append(f"{name}{{{pairs}}} {_number(value)}")
             else:
-                lines.append(f"{family.name} {_number(value)}")
+                lines.append(f"{name} {_number(value)}")
     return ("\n".join(lines) + "\n").encode() if lines else b""

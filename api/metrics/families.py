@@ -11,9 +11,10 @@ from collections.abc import Sequence
 
 from api.metrics.exposition import Family
 from api.metrics.snapshot import VersionSample
+from broker.latency_window import DEFAULT_QUANTILES, quantile
 from broker.stats_store import FAIL_REASONS
 
-__all__ = ["SLUICE_MODEL_METRICS", "TRITON_MODEL_METRICS", "model_families"]
+__all__ = ["SLUICE_MODEL_METRICS", "SUMMARY_METRICS", "TRITON_MODEL_METRICS", "model_families"]
 
 #: (name, type, help, stats field or None) of Triton's per-model metrics we expose.
 TRITON_MODEL_METRICS: tuple[tuple[str, str, str], ...] = (
@@ -38,6 +39,28 @@ TRITON_MODEL_METRICS: tuple[tuple[str, str, str], ...] = (
     ("nv_inference_compute_output_duration_us", "counter",
      "Cumulative inference compute output duration in microseconds "
      "(does not include cached requests)"),
+)
+
+#: Triton's latency summaries (``--metrics-config summary_latencies=true``): (name, help,
+#: histogram kind, stats field prefix of ``_count``/``_sum``). Help texts as Triton 2.51
+#: writes them (the compute ones repeat the counters').
+SUMMARY_METRICS: tuple[tuple[str, str, str, str], ...] = (
+    ("nv_inference_request_summary_us",
+     "Summary of inference request duration in microseconds (includes cached requests)",
+     "request", "success"),
+    ("nv_inference_queue_summary_us",
+     "Summary of inference queuing duration in microseconds (includes cached requests)",
+     "queue", "queue"),
+    ("nv_inference_compute_input_summary_us",
+     "Cumulative compute input duration in microseconds (does not include cached requests)",
+     "compute_input", "compute_input"),
+    ("nv_inference_compute_infer_summary_us",
+     "Cumulative compute inference duration in microseconds (does not include cached requests)",
+     "compute_infer", "compute_infer"),
+    ("nv_inference_compute_output_summary_us",
+     "Cumulative inference compute output duration in microseconds "
+     "(does not include cached requests)",
+     "compute_output", "compute_output"),
 )
 
 #: Sluice's own per-model-version gauges (what an autoscaler scales workers on).
@@ -67,7 +90,11 @@ _COUNTS = {
 
 
 def model_families(
-    samples: Sequence[VersionSample], now_ms: int, *, counter_latencies: bool = True
+    samples: Sequence[VersionSample],
+    now_ms: int,
+    *,
+    counter_latencies: bool = True,
+    summary_quantiles: Sequence[tuple[float, float]] | None = None,
 ) -> list[Family]:
     """Families of every READY version in ``samples``.
 
@@ -76,6 +103,10 @@ def model_families(
         now_ms: the time the queue ages are measured at, ms since the epoch.
         counter_latencies: Triton ``--metrics-config counter_latencies`` (the
             ``*_duration_us`` counters).
+        summary_quantiles: Triton ``--metrics-config summary_latencies=true`` with these
+            (quantile, error) pairs: the five ``*_summary_us`` summaries (``_count`` and
+            ``_sum`` are the counters' totals, the quantiles those of the samples'
+            ``latencies``, NaN with no request in the window); None: none.
     """
     ready = [s for s in samples if s.ready]
     families: list[Family] = []
@@ -96,6 +127,8 @@ def model_families(
             else:
                 family.add(labels, sample.stats.get(_COUNTS[name]))
         families.append(family)
+    if summary_quantiles is not None:
+        families += _summaries(ready, summary_quantiles or DEFAULT_QUANTILES)
     values = {
         "sluice_queue_depth": lambda s: s.queue.depth,
         "sluice_queue_oldest_age_seconds": lambda s: s.queue.oldest_age_s(now_ms),
@@ -107,5 +140,22 @@ def model_families(
         for sample in ready:
             family.add({"model": sample.model, "version": str(sample.version)},
                        values[name](sample))
+        families.append(family)
+    return families
+
+
+def _summaries(
+    ready: Sequence[VersionSample], quantiles: Sequence[tuple[float, float]]
+) -> list[Family]:
+    families: list[Family] = []
+    for name, help_text, kind, prefix in SUMMARY_METRICS:
+        family = Family(name, "summary", help_text)
+        for sample in ready:
+            labels = {"model": sample.model, "version": str(sample.version)}
+            family.add(labels, sample.stats.get(f"{prefix}_count"), "_count")
+            family.add(labels, sample.stats.get(f"{prefix}_ns") // 1000, "_sum")
+            bins = sample.latencies.get(kind, {})
+            for q, _ in quantiles:
+                family.add({**labels, "quantile": format(q, "g")}, quantile(bins, q))
         families.append(family)
     return families

@@ -16,6 +16,7 @@ from api.metrics.snapshot import read_versions
 from api.periodic import Periodic
 from api.settings import MetricsSettings
 from broker.keys import KeySchema
+from broker.latency_window import parse_quantiles
 
 __all__ = ["MetricsService"]
 
@@ -44,10 +45,13 @@ class MetricsService:
         self._timer = Periodic(
             "sluice-host-metrics", settings.interval_ms / 1000, self._refresh_host
         )
-        if settings.summary_latencies or settings.histogram_latencies:
+        self._quantiles = (
+            parse_quantiles(settings.summary_quantiles) if settings.summary_latencies else None
+        )
+        if settings.histogram_latencies:
             logger.warning(
-                "--metrics-config summary_latencies / histogram_latencies are accepted but "
-                "not implemented: only the *_duration_us counters are exposed"
+                "--metrics-config histogram_latencies is accepted but not implemented "
+                "(Triton's only histogram is for decoupled models' first responses)"
             )
 
     async def start(self) -> None:
@@ -73,7 +77,9 @@ class MetricsService:
         """
         try:
             async with asyncio.timeout(REDIS_DEADLINE_S):
-                samples = await read_versions(self._redis, self._keys)
+                samples = await read_versions(
+                    self._redis, self._keys, latencies=self._quantiles is not None
+                )
         except TimeoutError as exc:
             raise redis.exceptions.TimeoutError(
                 f"Redis did not answer within {REDIS_DEADLINE_S:g} s"
@@ -82,5 +88,6 @@ class MetricsService:
             samples,
             time.time_ns() // 1_000_000,
             counter_latencies=self.settings.counter_latencies,
+            summary_quantiles=self._quantiles,
         )
         return render([*families, *self.host.families()])

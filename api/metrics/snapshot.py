@@ -19,11 +19,13 @@ from google.protobuf import json_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 from broker.keys import WORKER_GROUP, KeySchema
+from broker.latency_window import AGE_BUCKETS, merge_windows, window_keys
 from broker.model_store import AsyncModelStore, ModelState, count_live
 from broker.scheduling import StreamLayout, scheduling_policy
 from broker.stats_store import VersionStats, read_stats
 
 __all__ = ["QueueFacts", "VersionSample", "read_versions"]
+
 
 @dataclass(frozen=True, slots=True)
 class QueueFacts:
@@ -58,6 +60,8 @@ class VersionSample:
         queue: stream facts (only read for READY versions).
         instances: instance name -> state for every instance on record.
         live_instances: READY instances whose heartbeat is fresh.
+        latencies: kind (``broker.latency_window.KINDS``) -> histogram (bin floor µs ->
+            count) of the last 60 s; read only when asked for (summary metrics).
     """
 
     model: str
@@ -68,6 +72,7 @@ class VersionSample:
     queue: QueueFacts = field(default_factory=QueueFacts)
     instances: dict[str, str] = field(default_factory=dict)
     live_instances: int = 0
+    latencies: dict[str, dict[int, int]] = field(default_factory=dict)
 
     @property
     def ready(self) -> bool:
@@ -89,7 +94,11 @@ def _field(entry: dict[Any, Any], name: str) -> Any:
 
 
 async def read_versions(
-    client: redis.asyncio.Redis, keys: KeySchema, *, ready_only: bool = True
+    client: redis.asyncio.Redis,
+    keys: KeySchema,
+    *,
+    ready_only: bool = True,
+    latencies: bool = False,
 ) -> list[VersionSample]:
     """Every model version on record, sorted by (model, version), in three round trips.
 
@@ -98,6 +107,8 @@ async def read_versions(
         keys: the deployment's key schema.
         ready_only: leave out versions that are not READY (Triton's per-model series
             exist only while a version is loaded).
+        latencies: also read the READY versions' latency histograms of the last 60 s
+            (:attr:`VersionSample.latencies`).
     """
     store = AsyncModelStore(client, keys)
     names = await store.model_names()
@@ -120,16 +131,20 @@ async def read_versions(
 
     ready = [f for f in found if f[2] == ModelState.READY.value]
     version_stats = await read_stats(client, keys, [(f[0], f[1]) for f in ready])
+    now_ns = time.time_ns()
     async with client.pipeline(transaction=False) as pipe:
         for name, version, _, _, streams in ready:
             pipe.hgetall(keys.instances(name, version))
             for stream in streams:
                 pipe.xinfo_groups(stream)
                 pipe.xlen(stream)
+            if latencies:
+                for key in window_keys(keys.latency_window(name, version), now_ns / 1e9):
+                    pipe.hgetall(key)
         replies = await pipe.execute(raise_on_error=False) if ready else []
 
-    now_ns = time.time_ns()
     facts: dict[tuple[str, int], tuple[VersionStats, dict[str, str], int]] = {}
+    histograms: dict[tuple[str, int], dict[str, dict[int, int]]] = {}
     tails: list[tuple[tuple[str, int], str, str]] = []  # (version, stream, last delivered id)
     counts: dict[tuple[str, int], list[int]] = {}
     position = 0
@@ -143,9 +158,11 @@ async def read_versions(
             groups, length = replies[position], replies[position + 1]
             position += 2
             length = length if isinstance(length, int) else 0
-            group = next(
-                (g for g in groups if _field(g, "name") == WORKER_GROUP), None
-            ) if isinstance(groups, list) else None
+            group = (
+                next((g for g in groups if _field(g, "name") == WORKER_GROUP), None)
+                if isinstance(groups, list)
+                else None
+            )
             taken = int(_field(group, "pending") or 0) if group else 0
             waiting = max(0, length - taken)
             depth += waiting
@@ -154,6 +171,10 @@ async def read_versions(
                 last = _field(group, "last-delivered-id") if group else None
                 tails.append(((name, version), stream, str(last or "0-0")))
         counts[(name, version)] = [depth, pending]
+        if latencies:
+            windows = replies[position : position + AGE_BUCKETS]
+            position += AGE_BUCKETS
+            histograms[(name, version)] = merge_windows(w for w in windows if isinstance(w, dict))
 
     oldest: dict[tuple[str, int], int] = {}
     if tails:
@@ -164,8 +185,9 @@ async def read_versions(
         for (version_key, _, _), entry in zip(tails, entries, strict=True):
             if isinstance(entry, list) and entry:
                 entry_id = entry[0][0]
-                ms = int((entry_id.decode() if isinstance(entry_id, bytes) else entry_id)
-                         .split("-")[0])
+                ms = int(
+                    (entry_id.decode() if isinstance(entry_id, bytes) else entry_id).split("-")[0]
+                )
                 oldest[version_key] = min(ms, oldest.get(version_key, ms))
 
     samples: list[VersionSample] = []
@@ -185,6 +207,7 @@ async def read_versions(
                 QueueFacts(depth, pending, oldest.get((name, version))),
                 states,
                 live,
+                histograms.get((name, version), {}),
             )
         )
     return samples

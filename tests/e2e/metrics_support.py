@@ -56,7 +56,10 @@ def scrape(url: str) -> Scrape:
         match = _SAMPLE.match(line)
         assert match, f"not a sample line: {line!r}"
         name, raw_labels, value = match.groups()
-        assert name == family, f"sample {name} outside its family {family}"
+        suffixes = ("", "_count", "_sum") if types.get(family) == "summary" else ("",)
+        assert name in {family + suffix for suffix in suffixes}, (
+            f"sample {name} outside its family {family}"
+        )
         labels = tuple(sorted(_LABEL.findall(raw_labels or "")))
         assert (name, labels) not in values, f"duplicate series {line!r}"
         values[(name, labels)] = float(value)

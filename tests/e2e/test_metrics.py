@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -298,3 +299,47 @@ def test_queue_depth_rises_under_a_burst_and_falls_to_zero(server) -> None:
     assert final.model("sluice_queue_pending", "slow") == 0
     assert final.model("sluice_queue_oldest_age_seconds", "slow") == 0
     assert final.model("nv_inference_pending_request_count", "slow") == 0
+
+
+def test_summary_latencies_give_quantiles_of_the_last_minute(
+    model_repository, redis_url, tmp_path
+) -> None:
+    """``--metrics-config summary_latencies=true``: Triton's five ``*_summary_us``
+    summaries, with the configured quantiles; ``_count``/``_sum`` equal the counters, the
+    quantiles split 30 fast requests from 10 that sleep 40 ms, and a model nobody called
+    has NaN quantiles (an empty window)."""
+    from e2e_support import start_server, stop_server
+
+    server = start_server(
+        model_repository, redis_url, tmp_path / "serve.log",
+        "--metrics-config", "summary_latencies=true",
+        "--metrics-config", "summary_quantiles=0.5:0.05,0.9:0.01",
+    )  # fmt: skip
+    try:
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=30)
+        for sleep_ms in [0] * 30 + [40] * 10:
+            _slow(client, "slow", sleep_ms)
+        client.close()
+        deadline = time.monotonic() + 10
+        while True:  # an instance sends its histogram within about a second
+            metrics = scrape(server.metrics_url)
+            if metrics.model("nv_inference_compute_infer_summary_us", "slow", quantile="0.9") > 0:
+                break
+            assert time.monotonic() < deadline, "no quantiles after 10 s"
+            time.sleep(0.2)
+        for kind in ("request", "queue", "compute_input", "compute_infer", "compute_output"):
+            name = f"nv_inference_{kind}_summary_us"
+            assert metrics.model(f"{name}_count", "slow") == 40
+            assert metrics.model(f"{name}_sum", "slow") == metrics.model(
+                f"nv_inference_{kind}_duration_us", "slow"
+            )
+            quantiles = {s["quantile"] for s in metrics.labelsets(name) if s["model"] == "slow"}
+            assert quantiles == {"0.5", "0.9"}
+        infer = "nv_inference_compute_infer_summary_us"
+        assert metrics.model(infer, "slow", quantile="0.5") < 20_000
+        assert 40_000 <= metrics.model(infer, "slow", quantile="0.9") < 60_000
+        request_p90 = metrics.model("nv_inference_request_summary_us", "slow", quantile="0.9")
+        assert request_p90 >= 40_000
+        assert math.isnan(metrics.model(infer, "batch_scale", quantile="0.5"))
+    finally:
+        stop_server(server)

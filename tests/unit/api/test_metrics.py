@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -138,3 +139,44 @@ def test_log_options_round_trip_through_the_environment() -> None:
     assert LogOptions.from_env({}, verbose=2).verbose == 2
     assert not options.allows(logging.INFO)
     assert options.allows(logging.DEBUG) and options.allows(logging.WARNING)
+
+
+def test_summary_flags_round_trip_and_bad_quantiles_are_refused(capsys) -> None:
+    argv = ["--metrics-config", "summary_latencies=true",
+            "--metrics-config", "summary_quantiles=0.5:0.05,0.99:0.001"]
+    args = _parse(argv)
+    settings = apply_frontend_arguments(GatewaySettings(), args)
+    assert settings.metrics.summary_latencies is True
+    assert settings.metrics.summary_quantiles == "0.5:0.05,0.99:0.001"
+    assert _parse(forward_frontend_arguments(args)) == args
+    assert GatewaySettings().metrics.summary_latencies is False
+    with pytest.raises(SystemExit):
+        _parse(["--metrics-config", "summary_quantiles=0.5"])
+    assert "summary_quantiles: '0.5' has no ':'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="quantile must be in"):
+        GatewaySettings.model_validate({"metrics": {"summary_quantiles": "2:0.1"}})
+
+
+def test_summary_families_have_counts_sums_and_window_quantiles() -> None:
+    """``_count``/``_sum`` are the counters' totals; quantiles come from the window's
+    histogram, NaN where the window holds no request (as Triton's prometheus-cpp)."""
+    sample = dataclasses.replace(
+        _sample(success_count=4, success_ns=10_000_000, queue_count=4, queue_ns=8_000),
+        latencies={"request": {1000: 3, 4000: 1}, "queue": {}},
+    )
+    families = {
+        f.name: f
+        for f in model_families([sample], 0, summary_quantiles=((0.5, 0.05), (0.99, 0.001)))
+    }
+    labels = {"model": "m", "version": "1"}
+    assert families["nv_inference_request_summary_us"].samples == [
+        (labels, 4, "_count"),
+        (labels, 10_000, "_sum"),
+        ({**labels, "quantile": "0.5"}, 1000 + 3.5),  # the middle of the bin [1000, 1008)
+        ({**labels, "quantile": "0.99"}, 4000 + 15.5),  # [4000, 4032)
+    ]
+    text = render([families["nv_inference_queue_summary_us"]]).decode()
+    assert "# TYPE nv_inference_queue_summary_us summary\n" in text
+    assert 'nv_inference_queue_summary_us_sum{model="m",version="1"} 8\n' in text
+    assert 'nv_inference_queue_summary_us{model="m",quantile="0.5",version="1"} NaN\n' in text
+    assert not any("summary" in name for name in (f.name for f in model_families([sample], 0)))
