@@ -66,12 +66,13 @@ def bin_floor(us: int) -> int:
     return (us >> shift) << shift
 
 
-def _bin_middle(floor: int) -> float:
-    """The value reported for a bin: its middle (its floor below 128 µs)."""
+def _bin_middle(floor: int) -> int:
+    """The value reported for a bin, in whole µs as Triton's summaries: its middle,
+    rounded down (its floor below 128 µs)."""
     if floor < 1 << _BITS:
-        return float(floor)
+        return floor
     width = 1 << (floor.bit_length() - _BITS)
-    return floor + (width - 1) / 2
+    return floor + (width - 1) // 2
 
 
 class LatencyRecorder:
@@ -166,8 +167,8 @@ def merge_windows(
 
 
 def quantile(bins: Mapping[int, int], q: float) -> float:
-    """The ``q``-quantile (0 ≤ q ≤ 1) of a histogram (bin floor µs -> count), in µs:
-    the middle of the bin holding the observation of rank ⌈q·n⌉ (the first for q = 0).
+    """The ``q``-quantile (0 ≤ q ≤ 1) of a histogram (bin floor µs -> count), in whole
+    µs: the middle of the bin holding the observation of rank ⌈q·n⌉ (the first for q = 0).
     NaN when the histogram is empty (as a prometheus-cpp summary with no observation
     in its window)."""
     total = sum(bins.values())

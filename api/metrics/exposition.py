@@ -53,8 +53,13 @@ def _number(value: float) -> str:
     return floatToGoString(value)
 
 
+def _label_order(item: tuple[str, str]) -> tuple[bool, str]:
+    return item[0] == "quantile", item[0]
+
+
 def render(families: Iterable[Family]) -> bytes:
-    """The text exposition of ``families`` (labels sorted by name, as Triton writes them).
+    """The text exposition of ``families`` (labels sorted by name, a summary's
+    ``quantile`` last, as Triton writes them).
 
     A family with no samples is left out (no model loaded: no ``nv_inference_*`` lines).
     """
@@ -68,7 +73,9 @@ def render(families: Iterable[Family]) -> bytes:
         for labels, value, *suffix in family.samples:
             name = family.name + (suffix[0] if suffix else "")
             if labels:
-                pairs = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
+                pairs = ",".join(
+                    f'{k}="{_escape(v)}"' for k, v in sorted(labels.items(), key=_label_order)
+                )
                 lines.append(f"{name}{{{pairs}}} {_number(value)}")
             else:
                 lines.append(f"{name} {_number(value)}")

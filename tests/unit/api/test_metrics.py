@@ -172,11 +172,11 @@ def test_summary_families_have_counts_sums_and_window_quantiles() -> None:
     assert families["nv_inference_request_summary_us"].samples == [
         (labels, 4, "_count"),
         (labels, 10_000, "_sum"),
-        ({**labels, "quantile": "0.5"}, 1000 + 3.5),  # the middle of the bin [1000, 1008)
-        ({**labels, "quantile": "0.99"}, 4000 + 15.5),  # [4000, 4032)
+        ({**labels, "quantile": "0.5"}, 1000 + 3),  # the middle of the bin [1000, 1008)
+        ({**labels, "quantile": "0.99"}, 4000 + 15),  # [4000, 4032)
     ]
     text = render([families["nv_inference_queue_summary_us"]]).decode()
     assert "# TYPE nv_inference_queue_summary_us summary\n" in text
     assert 'nv_inference_queue_summary_us_sum{model="m",version="1"} 8\n' in text
-    assert 'nv_inference_queue_summary_us{model="m",quantile="0.5",version="1"} NaN\n' in text
+    assert 'nv_inference_queue_summary_us{model="m",version="1",quantile="0.5"} NaN\n' in text
     assert not any("summary" in name for name in (f.name for f in model_families([sample], 0)))
