@@ -31,18 +31,29 @@ class ModelState(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class VersionState:
-    """State of one model version and why it is in it (``reason`` may be empty)."""
+    """State of one model version and why it is in it (``reason`` may be empty);
+    ``load_s``: how long its last load took, in s, once READY (Triton's
+    ``nv_model_load_duration_secs``; None before)."""
 
     state: ModelState
     reason: str = ""
+    load_s: float | None = None
 
     def to_json(self) -> str:
-        return json.dumps({"state": self.state.value, "reason": self.reason})
+        data: dict[str, object] = {"state": self.state.value, "reason": self.reason}
+        if self.load_s is not None:
+            data["load_s"] = self.load_s
+        return json.dumps(data)
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> VersionState:
         data = json.loads(raw)
-        return cls(ModelState(data["state"]), data.get("reason", ""))
+        load_s = data.get("load_s")
+        return cls(
+            ModelState(data["state"]),
+            data.get("reason", ""),
+            float(load_s) if isinstance(load_s, int | float) else None,
+        )
 
 
 @dataclass(frozen=True, slots=True)

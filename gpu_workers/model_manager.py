@@ -89,6 +89,9 @@ class LoadedModel:
     versions: dict[int, list[Instance]] = field(default_factory=dict)
     overridden: bool = False
     temp_dir: Path | None = None
+    #: when the load began (``time.monotonic``, s) and how long it took (s, once READY)
+    load_started: float = 0.0
+    load_s: float | None = None
 
 
 def directory_fingerprint(model_dir: Path) -> str:
@@ -186,7 +189,9 @@ class ModelManager:
             self._store.publish_config(model.name, config_json)
             for version in model.versions:
                 self._ensure_groups(model.name, version, model.config)
-                self._store.set_state(model.name, version, VersionState(ModelState.READY))
+                self._store.set_state(
+                    model.name, version, VersionState(ModelState.READY, load_s=model.load_s)
+                )
 
     # -- load -------------------------------------------------------------------------------
 
@@ -279,6 +284,7 @@ class ModelManager:
         self, name: str, scan: ScanResult, config_json: str, files: dict[str, bytes]
     ) -> LoadedModel | None:
         """Complete the config and start the new instances; None when nothing changed."""
+        started = time.monotonic()
         previous = self.loaded.get(name)
         source, temp = self._source(name, scan, files, config_json)
         fingerprint = (
@@ -322,6 +328,7 @@ class ModelManager:
             generation,
             overridden=bool(config_json),
             temp_dir=temp,
+            load_started=started,
         )
         config_key = self._keys.staged_config(name, generation)
         self._redis.set(config_key, json_format.MessageToJson(loaded.config))
@@ -390,8 +397,11 @@ class ModelManager:
                 model=model.name,
             )
         self._store.publish_config(model.name, json_format.MessageToJson(model.config))
+        model.load_s = round(time.monotonic() - model.load_started, 6)
         for version in model.versions:
-            self._store.set_state(model.name, version, VersionState(ModelState.READY))
+            self._store.set_state(
+                model.name, version, VersionState(ModelState.READY, load_s=model.load_s)
+            )
             logger.info(
                 "model '%s' version %d is READY (%d instances)",
                 model.name,

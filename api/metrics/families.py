@@ -28,6 +28,7 @@ TRITON_MODEL_METRICS: tuple[tuple[str, str, str], ...] = (
      "Number of model executions performed (does not include cached requests)"),
     ("nv_inference_pending_request_count", "gauge",
      "Instantaneous number of pending requests awaiting execution per-model."),
+    ("nv_model_load_duration_secs", "gauge", "Model load time in seconds"),
     ("nv_inference_request_duration_us", "counter",
      "Cumulative inference request duration in microseconds (includes cached requests)"),
     ("nv_inference_queue_duration_us", "counter",
@@ -122,6 +123,9 @@ def model_families(
                                sample.stats.get(f"fail_reason:{reason}"))
             elif name == "nv_inference_pending_request_count":
                 family.add(labels, sample.queue.depth + sample.queue.pending)
+            elif name == "nv_model_load_duration_secs":
+                if sample.load_s is not None:
+                    family.add(labels, sample.load_s)
             elif name in _DURATIONS:
                 family.add(labels, sample.stats.get(_DURATIONS[name]) // 1000)
             else:

@@ -62,6 +62,7 @@ class VersionSample:
         live_instances: READY instances whose heartbeat is fresh.
         latencies: kind (``broker.latency_window.KINDS``) -> histogram (bin floor µs ->
             count) of the last 60 s; read only when asked for (summary metrics).
+        load_s: how long the version's last load took, in s (None: not recorded).
     """
 
     model: str
@@ -73,6 +74,7 @@ class VersionSample:
     instances: dict[str, str] = field(default_factory=dict)
     live_instances: int = 0
     latencies: dict[str, dict[int, int]] = field(default_factory=dict)
+    load_s: float | None = None
 
     @property
     def ready(self) -> bool:
@@ -118,6 +120,7 @@ async def read_versions(
             pipe.hgetall(keys.state(name))
         raw = await pipe.execute() if names else []
     found: list[tuple[str, int, str, str, list[str]]] = []
+    load_secs: dict[tuple[str, int], float] = {}
     for i, name in enumerate(names):
         config_raw, states_raw = raw[2 * i], raw[2 * i + 1]
         for version_raw, state_raw in states_raw.items():
@@ -126,6 +129,8 @@ async def read_versions(
             if ready_only and state.get("state") != ModelState.READY.value:
                 continue
             streams = _streams(keys, name, version, (config_raw or b"{}").decode())
+            if isinstance(state.get("load_s"), int | float):
+                load_secs[(name, version)] = float(state["load_s"])
             found.append((name, version, state.get("state", ""), state.get("reason", ""), streams))
     found.sort(key=lambda f: (f[0], f[1]))
 
@@ -208,6 +213,7 @@ async def read_versions(
                 states,
                 live,
                 histograms.get((name, version), {}),
+                load_secs.get((name, version)),
             )
         )
     return samples

@@ -29,6 +29,7 @@ TRITON_METRICS = {
     "nv_inference_compute_input_duration_us": ("counter", {"model", "version"}),
     "nv_inference_compute_infer_duration_us": ("counter", {"model", "version"}),
     "nv_inference_compute_output_duration_us": ("counter", {"model", "version"}),
+    "nv_model_load_duration_secs": ("gauge", {"model", "version"}),
     "nv_cpu_utilization": ("gauge", set()),
     "nv_cpu_memory_total_bytes": ("gauge", set()),
     "nv_cpu_memory_used_bytes": ("gauge", set()),
@@ -85,6 +86,8 @@ def test_metric_names_types_and_labels_are_tritons(server) -> None:
         for reason in REASONS:
             assert metrics.model("nv_inference_request_failure", model, reason=reason) >= 0
     assert metrics.model("sluice_instances_live", "batch_scale") == 2
+    # the load took a while (processes started, model loaded), not minutes
+    assert 0.01 < metrics.model("nv_model_load_duration_secs", "batch_scale") < 120
     # versioned keeps versions 1 and 2 (version policy): version 3 has no series
     assert metrics.get("nv_inference_count", model="versioned", version="3") is None
     assert metrics.model("nv_inference_count", "versioned", "2") >= 0

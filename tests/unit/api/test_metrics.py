@@ -21,6 +21,7 @@ from api.metrics.host import HostSampler
 from api.metrics.snapshot import QueueFacts, VersionSample
 from api.settings import GatewaySettings
 from broker.logs import LogOptions
+from broker.model_store import ModelState, VersionState
 from broker.stats_store import VersionStats
 
 
@@ -180,3 +181,18 @@ def test_summary_families_have_counts_sums_and_window_quantiles() -> None:
     assert 'nv_inference_queue_summary_us_sum{model="m",version="1"} 8\n' in text
     assert 'nv_inference_queue_summary_us{model="m",version="1",quantile="0.5"} NaN\n' in text
     assert not any("summary" in name for name in (f.name for f in model_families([sample], 0)))
+
+
+def test_load_duration_is_a_gauge_of_ready_versions_that_recorded_it() -> None:
+    timed = dataclasses.replace(_sample("a"), load_s=1.611378)
+    families = {f.name: f for f in model_families([timed, _sample("b")], 0)}
+    family = families["nv_model_load_duration_secs"]
+    assert (family.type, family.help) == ("gauge", "Model load time in seconds")
+    assert family.samples == [({"model": "a", "version": "1"}, 1.611378)]
+
+
+def test_version_state_keeps_the_load_duration() -> None:
+    state = VersionState(ModelState.READY, load_s=2.5)
+    assert VersionState.from_json(state.to_json()) == state
+    assert VersionState.from_json('{"state": "READY", "reason": ""}').load_s is None
+    assert "load_s" not in VersionState(ModelState.LOADING).to_json()
