@@ -21,6 +21,7 @@ import redis.exceptions
 
 from api.log_settings import LogSettings
 from api.models import ModelRegistry, ModelView
+from api.response_cache import ResponseCache
 from api.settings import GatewaySettings
 from api.validation import validate_request
 from broker.codec import CodecError, decode_request
@@ -108,6 +109,12 @@ class DataPlane:
         self._layouts: dict[tuple[str, int], StreamLayout] = {}
         #: rejection counts being written (kept referenced until done)
         self._background: set[asyncio.Future[None]] = set()
+        #: the response cache (Triton ``--cache-config``); None: off
+        self.cache = (
+            ResponseCache(connection, self._keys, settings.cache_size_bytes)
+            if settings.cache_size_bytes > 0
+            else None
+        )
 
     def begin_shutdown(self) -> None:
         """Refuse new inference requests from now on (the server is exiting).
@@ -521,6 +528,25 @@ class DataPlane:
             enqueued_ns=now_ns,
             classification={o.name: o.class_count for o in outputs if o.class_count > 0},
         )
+        if self.cache is not None and view.config.response_cache.enable:
+            state = view.versions.get(resolved)
+            return self.cache.submit(
+                message,
+                state.load_id if state is not None else "",
+                functools.partial(self._enqueue, message, view, model, resolved, now_ns),
+            )
+        return self._enqueue(message, view, model, resolved, now_ns)
+
+    def _enqueue(
+        self,
+        message: InferRequestMessage,
+        view: ModelView,
+        model: str,
+        resolved: int,
+        now_ns: int,
+    ) -> asyncio.Future[InferResponseMessage]:
+        """Queue ``message`` on its priority level's stream; the future of its answer."""
+        request_id, parameters = message.request_id, message.parameters
         layout = self._layouts.get((model, resolved))
         if layout is None or layout.policy is not view.policy:
             layout = StreamLayout(self._keys, model, resolved, view.policy)

@@ -15,6 +15,7 @@ from typing import Any
 
 from api.settings import GatewaySettings
 from broker.latency_window import parse_quantiles
+from broker.response_cache import parse_cache_config
 
 __all__ = [
     "METRICS_CONFIG_KEYS",
@@ -161,6 +162,14 @@ def _metrics_config(text: str) -> tuple[str, bool | str]:
     return key, _bool(value)
 
 
+def _cache_config(text: str) -> str:
+    try:
+        parse_cache_config([text])
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _config_text(value: bool | str) -> str:
     return value if isinstance(value, str) else ("true" if value else "false")
 
@@ -179,6 +188,14 @@ def add_frontend_arguments(parser: argparse.ArgumentParser) -> None:
         "summary_quantiles (<q>:<error>,...), histogram_latencies (accepted, not "
         "implemented) (repeatable)",
     )
+    parser.add_argument(
+        "--cache-config",
+        action="append",
+        type=_cache_config,
+        default=None,
+        help="local,size=<bytes>: the response cache for models with response_cache "
+        "{ enable: true }, kept in Redis and shared by every gateway",
+    )
     for flag, _, help_text in _RESTRICT_FLAGS:
         parser.add_argument(flag, action="append", default=None, help=help_text)
 
@@ -193,6 +210,8 @@ def forward_frontend_arguments(args: argparse.Namespace) -> list[str]:
             argv += [spec.flag, text]
     for key, value in getattr(args, "metrics_config", None) or ():
         argv += ["--metrics-config", f"{key}={_config_text(value)}"]
+    for value in getattr(args, "cache_config", None) or ():
+        argv += ["--cache-config", value]
     for flag, _, _ in _RESTRICT_FLAGS:
         for value in getattr(args, _dest(flag)) or ():
             argv += [flag, value]
@@ -218,6 +237,8 @@ def apply_frontend_arguments(
             sections[spec.section][spec.field] = value
     for key, value in getattr(args, "metrics_config", None) or ():
         metrics[METRICS_CONFIG_KEYS[key]] = value
+    if getattr(args, "cache_config", None):
+        top["cache_size_bytes"] = parse_cache_config(args.cache_config)
     for flag, section, _ in _RESTRICT_FLAGS:
         values = getattr(args, _dest(flag), None)
         if values:

@@ -197,7 +197,9 @@ async def serve_gateway(settings: GatewaySettings) -> None:
     metrics_server: _Server | None = None
     metrics: MetricsService | None = None
     if settings.metrics.enabled:
-        metrics = MetricsService(settings.metrics, client, keys)
+        metrics = MetricsService(
+            settings.metrics, client, keys, cache_size_bytes=settings.cache_size_bytes
+        )
         metrics_server = _Server(
             uvicorn.Config(
                 create_metrics_app(metrics),

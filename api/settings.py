@@ -125,6 +125,9 @@ class GatewaySettings(BaseSettings):
     """Server metadata ``name`` (Triton ``--id``)."""
     request_timeout_s: float = Field(default=60.0, gt=0)
     """Longest a request may wait for its answer when the client sets no timeout, in seconds."""
+    cache_size_bytes: int = Field(default=0, ge=0)
+    """Triton ``--cache-config local,size=<bytes>``: the response cache's size in bytes,
+    shared by every gateway through Redis (0: no cache; ``broker.response_cache``)."""
     exit_timeout_s: float = Field(default=30.0, ge=0)
     """Triton ``--exit-timeout-secs``: at shutdown, how long in-flight requests are waited
     for (HTTP connections and gRPC calls) before they are answered UNAVAILABLE, in s."""

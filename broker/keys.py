@@ -76,6 +76,18 @@ class KeySchema:
         """Set of the version's ``stats_shard`` keys (readers add them to ``stats``)."""
         return f"{self.prefix}{{{model}}}:stats:{version}:shards"
 
+    def cache_entry(self, digest: str) -> str:
+        """String: one response cache entry (``broker.response_cache``)."""
+        return f"{self.prefix}cache:e:{digest}"
+
+    def cache_lru(self) -> str:
+        """Sorted set: response cache entry key -> last use (ms since the epoch)."""
+        return f"{self.prefix}cache:lru"
+
+    def cache_bytes(self) -> str:
+        """Integer: bytes the response cache entries hold."""
+        return f"{self.prefix}cache:bytes"
+
     def latency_window(self, model: str, version: int) -> str:
         """Prefix of the version's latency histograms, one hash per age bucket (the bucket
         number follows; ``broker.latency_window``)."""

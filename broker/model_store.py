@@ -33,16 +33,21 @@ class ModelState(StrEnum):
 class VersionState:
     """State of one model version and why it is in it (``reason`` may be empty);
     ``load_s``: how long its last load took, in s, once READY (Triton's
-    ``nv_model_load_duration_secs``; None before)."""
+    ``nv_model_load_duration_secs``; None before); ``load_id``: names that load (new for
+    every load, reload and server start; the response cache keys on it, so an answer of
+    an older load of the model is never served)."""
 
     state: ModelState
     reason: str = ""
     load_s: float | None = None
+    load_id: str = ""
 
     def to_json(self) -> str:
         data: dict[str, object] = {"state": self.state.value, "reason": self.reason}
         if self.load_s is not None:
             data["load_s"] = self.load_s
+        if self.load_id:
+            data["load_id"] = self.load_id
         return json.dumps(data)
 
     @classmethod
@@ -53,6 +58,7 @@ class VersionState:
             ModelState(data["state"]),
             data.get("reason", ""),
             float(load_s) if isinstance(load_s, int | float) else None,
+            str(data.get("load_id", "")),
         )
 
 

@@ -269,8 +269,8 @@ def triton_model_stats(name: str, version: int, stats: VersionStats) -> dict[str
         "success": pair("success"),
         "fail": pair("fail"),
         **{d: pair(d) for d in _DURATIONS},
-        "cache_hit": {"count": 0, "ns": 0},
-        "cache_miss": {"count": 0, "ns": 0},
+        "cache_hit": pair("cache_hit"),
+        "cache_miss": pair("cache_miss"),
     }
     batch_stats = []
     for size in stats.batch_sizes():

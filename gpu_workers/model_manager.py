@@ -23,6 +23,7 @@ import logging
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -92,6 +93,7 @@ class LoadedModel:
     #: when the load began (``time.monotonic``, s) and how long it took (s, once READY)
     load_started: float = 0.0
     load_s: float | None = None
+    load_id: str = ""
 
 
 def directory_fingerprint(model_dir: Path) -> str:
@@ -190,7 +192,9 @@ class ModelManager:
             for version in model.versions:
                 self._ensure_groups(model.name, version, model.config)
                 self._store.set_state(
-                    model.name, version, VersionState(ModelState.READY, load_s=model.load_s)
+                    model.name,
+                    version,
+                    VersionState(ModelState.READY, load_s=model.load_s, load_id=model.load_id),
                 )
 
     # -- load -------------------------------------------------------------------------------
@@ -398,9 +402,12 @@ class ModelManager:
             )
         self._store.publish_config(model.name, json_format.MessageToJson(model.config))
         model.load_s = round(time.monotonic() - model.load_started, 6)
+        model.load_id = uuid.uuid4().hex[:16]
         for version in model.versions:
             self._store.set_state(
-                model.name, version, VersionState(ModelState.READY, load_s=model.load_s)
+                model.name,
+                version,
+                VersionState(ModelState.READY, load_s=model.load_s, load_id=model.load_id),
             )
             logger.info(
                 "model '%s' version %d is READY (%d instances)",

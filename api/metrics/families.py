@@ -14,7 +14,13 @@ from api.metrics.snapshot import VersionSample
 from broker.latency_window import DEFAULT_QUANTILES, quantile
 from broker.stats_store import FAIL_REASONS
 
-__all__ = ["SLUICE_MODEL_METRICS", "SUMMARY_METRICS", "TRITON_MODEL_METRICS", "model_families"]
+__all__ = [
+    "CACHE_METRICS",
+    "SLUICE_MODEL_METRICS",
+    "SUMMARY_METRICS",
+    "TRITON_MODEL_METRICS",
+    "model_families",
+]
 
 #: (name, type, help, stats field or None) of Triton's per-model metrics we expose.
 TRITON_MODEL_METRICS: tuple[tuple[str, str, str], ...] = (
@@ -64,6 +70,17 @@ SUMMARY_METRICS: tuple[tuple[str, str, str, str], ...] = (
      "compute_output", "compute_output"),
 )
 
+#: Triton's per-model response cache counters (only while the cache is on): (name, help,
+#: stats field). Help texts as Triton 2.51 writes them.
+CACHE_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model", "cache_hit_count"),
+    ("nv_cache_hit_duration_per_model",
+     "Total cache hit duration per model, in microseconds", "cache_hit_ns"),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model", "cache_miss_count"),
+    ("nv_cache_miss_duration_per_model",
+     "Total cache miss (insert+lookup) duration per model, in microseconds", "cache_miss_ns"),
+)
+
 #: Sluice's own per-model-version gauges (what an autoscaler scales workers on).
 SLUICE_MODEL_METRICS: tuple[tuple[str, str, str], ...] = (
     ("sluice_queue_depth", "gauge",
@@ -96,6 +113,7 @@ def model_families(
     *,
     counter_latencies: bool = True,
     summary_quantiles: Sequence[tuple[float, float]] | None = None,
+    cache: bool = False,
 ) -> list[Family]:
     """Families of every READY version in ``samples``.
 
@@ -108,6 +126,8 @@ def model_families(
             (quantile, error) pairs: the five ``*_summary_us`` summaries (``_count`` and
             ``_sum`` are the counters' totals, the quantiles those of the samples'
             ``latencies``, NaN with no request in the window); None: none.
+        cache: the response cache is on (Triton ``--cache-config``): the four
+            ``nv_cache_*_per_model`` counters.
     """
     ready = [s for s in samples if s.ready]
     families: list[Family] = []
@@ -131,6 +151,16 @@ def model_families(
             else:
                 family.add(labels, sample.stats.get(_COUNTS[name]))
         families.append(family)
+    if cache:
+        for name, help_text, stat in CACHE_METRICS:
+            family = Family(name, "counter", help_text)
+            for sample in ready:
+                value = sample.stats.get(stat)
+                family.add(
+                    {"model": sample.model, "version": str(sample.version)},
+                    value // 1000 if stat.endswith("_ns") else value,
+                )
+            families.append(family)
     if summary_quantiles is not None:
         families += _summaries(ready, summary_quantiles or DEFAULT_QUANTILES)
     values = {

@@ -9,7 +9,7 @@ import time
 import redis.asyncio
 import redis.exceptions
 
-from api.metrics.exposition import render
+from api.metrics.exposition import Family, render
 from api.metrics.families import model_families
 from api.metrics.host import HostSampler
 from api.metrics.snapshot import read_versions
@@ -36,9 +36,14 @@ class MetricsService:
     """
 
     def __init__(
-        self, settings: MetricsSettings, client: redis.asyncio.Redis, keys: KeySchema
+        self,
+        settings: MetricsSettings,
+        client: redis.asyncio.Redis,
+        keys: KeySchema,
+        cache_size_bytes: int = 0,
     ) -> None:
         self.settings = settings
+        self._cache_size = cache_size_bytes
         self._redis = client
         self._keys = keys
         self.host = HostSampler(cpu=settings.cpu, gpu=settings.gpu)
@@ -80,6 +85,7 @@ class MetricsService:
                 samples = await read_versions(
                     self._redis, self._keys, latencies=self._quantiles is not None
                 )
+                cache = await self._cache_families() if self._cache_size else []
         except TimeoutError as exc:
             raise redis.exceptions.TimeoutError(
                 f"Redis did not answer within {REDIS_DEADLINE_S:g} s"
@@ -89,5 +95,20 @@ class MetricsService:
             time.time_ns() // 1_000_000,
             counter_latencies=self.settings.counter_latencies,
             summary_quantiles=self._quantiles,
+            cache=bool(self._cache_size),
         )
-        return render([*families, *self.host.families()])
+        return render([*families, *self.host.families(), *cache])
+
+    async def _cache_families(self) -> list[Family]:
+        """Triton's response cache gauges: utilization and entries (the cache in Redis)."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.get(self._keys.cache_bytes())
+            pipe.zcard(self._keys.cache_lru())
+            held, entries = await pipe.execute()
+        util = Family("nv_cache_util", "gauge", "Cache utilization [0.0 - 1.0]")
+        util.add({}, min(1.0, int(held or 0) / self._cache_size))
+        count = Family(
+            "nv_cache_num_entries", "gauge", "Number of responses stored in response cache"
+        )
+        count.add({}, int(entries or 0))
+        return [util, count]

@@ -1,0 +1,200 @@
+"""The gateway's side of the response cache: look up, answer a hit, store what ran.
+
+A request for a model with ``response_cache { enable: true }``, on a server started
+with ``--cache-config local,size=<bytes>``, is first looked up in Redis
+(``broker.response_cache``). A hit is answered at once with the stored outputs under
+the request's own id and never reaches a model instance; a miss is queued as usual,
+and its answer, when it succeeded, is stored for the next identical request.
+
+Statistics as Triton counts them (PROTOCOL.md 6.9): a hit counts in ``success``,
+``queue`` (0 ns) and ``cache_hit`` (the lookup's duration), not in ``compute_*``,
+``inference_count`` or ``execution_count``; a miss counts in ``cache_miss`` with the
+lookup and insert durations, and runs (and counts) as any request. A lookup that
+Redis fails is treated as a miss; a failed insert only loses the entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import logging
+import time
+from collections.abc import Callable
+
+import redis.exceptions
+
+from broker.codec import CodecError, decode_response, encode_response
+from broker.keys import KeySchema
+from broker.messages import InferRequestMessage, InferResponseMessage
+from broker.multiplex import MultiplexedConnection
+from broker.response_cache import CACHE_INSERT, CACHE_LOOKUP, request_digest
+
+__all__ = ["ResponseCache"]
+
+logger = logging.getLogger(__name__)
+
+Enqueue = Callable[[], "asyncio.Future[InferResponseMessage]"]
+
+
+class ResponseCache:
+    """Response cache of one gateway process (the entries are shared through Redis).
+
+    Args:
+        connection: the gateway's multiplexed Redis connection.
+        keys: the deployment's key schema.
+        size_bytes: the most bytes of encoded responses the cache holds (> 0).
+    """
+
+    def __init__(self, connection: MultiplexedConnection, keys: KeySchema, size_bytes: int) -> None:
+        self._connection = connection
+        self._keys = keys
+        self.size_bytes = size_bytes
+        self._lru = keys.cache_lru()
+        self._bytes = keys.cache_bytes()
+        #: statistics and inserts being written (kept referenced until done)
+        self._background: set[asyncio.Future[None]] = set()
+
+    def submit(
+        self, message: InferRequestMessage, load_id: str, enqueue: Enqueue
+    ) -> asyncio.Future[InferResponseMessage]:
+        """Answer ``message`` from the cache, or run ``enqueue`` (which queues it and
+        returns the future of its response) and store a successful answer.
+
+        Args:
+            message: the request, validated.
+            load_id: the serving version's ``VersionState.load_id``.
+            enqueue: queues the request; returns the future of its response.
+
+        Returns:
+            The future of the response. Cancelling it (the client went away) before the
+            lookup returned queues nothing; after, it cancels the queued request.
+        """
+        loop = asyncio.get_running_loop()
+        outer: asyncio.Future[InferResponseMessage] = loop.create_future()
+        entry = self._keys.cache_entry(
+            request_digest(
+                message.model,
+                message.version,
+                load_id,
+                message.inputs,
+                message.outputs,
+                message.classification,
+            )
+        )
+        started = time.perf_counter_ns()
+        lookup = asyncio.ensure_future(
+            self._connection.script(CACHE_LOOKUP, [entry, self._lru], [time.time_ns() // 10**6])
+        )
+        lookup.add_done_callback(
+            functools.partial(self._looked_up, outer, message, entry, enqueue, started)
+        )
+        return outer
+
+    def _looked_up(
+        self,
+        outer: asyncio.Future[InferResponseMessage],
+        message: InferRequestMessage,
+        entry: str,
+        enqueue: Enqueue,
+        started: int,
+        lookup: asyncio.Future[bytes | None],
+    ) -> None:
+        lookup_ns = time.perf_counter_ns() - started
+        if outer.done():  # the client went away while it was looked up
+            return
+        found: InferResponseMessage | None = None
+        if not lookup.cancelled():
+            if lookup.exception() is not None:
+                logger.debug("response cache lookup failed: %s", lookup.exception())
+            elif lookup.result():
+                try:
+                    found = decode_response(lookup.result())
+                except CodecError:
+                    logger.warning("dropping an undecodable response cache entry %s", entry)
+        if found is not None and found.error is None:
+            outer.set_result(dataclasses.replace(found, request_id=message.request_id))
+            self._count(
+                message,
+                {
+                    "success_count": 1,
+                    "success_ns": lookup_ns,
+                    "queue_count": 1,
+                    "cache_hit_count": 1,
+                    "cache_hit_ns": lookup_ns,
+                },
+            )
+            return
+        try:
+            inner = enqueue()
+        except BaseException as exc:  # refused at once (queue full, shutting down, ...)
+            outer.set_exception(exc)
+            return
+        outer.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
+        inner.add_done_callback(
+            functools.partial(self._answered, outer, message, entry, lookup_ns)
+        )
+
+    def _answered(
+        self,
+        outer: asyncio.Future[InferResponseMessage],
+        message: InferRequestMessage,
+        entry: str,
+        lookup_ns: int,
+        inner: asyncio.Future[InferResponseMessage],
+    ) -> None:
+        if outer.done():
+            return
+        if inner.cancelled():
+            outer.cancel()
+            return
+        if (exc := inner.exception()) is not None:
+            outer.set_exception(exc)
+            return
+        response = inner.result()
+        outer.set_result(response)
+        if response.error is None:  # only successful responses are stored (Triton)
+            self._spawn(self._store(message, entry, response, lookup_ns))
+
+    async def _store(
+        self,
+        message: InferRequestMessage,
+        entry: str,
+        response: InferResponseMessage,
+        lookup_ns: int,
+    ) -> None:
+        started = time.perf_counter_ns()
+        payload = encode_response(dataclasses.replace(response, request_id=""))
+        try:
+            await self._connection.script(
+                CACHE_INSERT,
+                [entry, self._lru, self._bytes],
+                [payload, self.size_bytes, time.time_ns() // 10**6],
+            )
+        except redis.exceptions.RedisError as exc:
+            logger.debug("response cache insert failed: %s", exc)
+        insert_ns = time.perf_counter_ns() - started
+        await self._write_counts(
+            message, {"cache_miss_count": 1, "cache_miss_ns": lookup_ns + insert_ns}
+        )
+
+    def _count(self, message: InferRequestMessage, counts: dict[str, int]) -> None:
+        self._spawn(self._write_counts(message, counts))
+
+    async def _write_counts(self, message: InferRequestMessage, counts: dict[str, int]) -> None:
+        """Add ``counts`` to the version's gateway statistics hash (queued together: one
+        write with this loop iteration's other commands)."""
+        key = self._keys.stats(message.model, message.version)
+        calls = [self._connection.call("HINCRBY", key, name, n) for name, n in counts.items()]
+        if "success_count" in counts:
+            now_ms = time.time_ns() // 10**6
+            calls.append(self._connection.call("HSET", key, "last_inference_ms", now_ms))
+        try:
+            await asyncio.gather(*calls)
+        except redis.exceptions.RedisError as exc:
+            logger.debug("response cache statistics not written: %s", exc)
+
+    def _spawn(self, work: object) -> None:
+        task = asyncio.ensure_future(work)  # type: ignore[arg-type]
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
