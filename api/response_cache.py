@@ -7,9 +7,10 @@ the request's own id and never reaches a model instance; a miss is queued as usu
 and its answer, when it succeeded, is stored for the next identical request.
 
 Statistics as Triton counts them (PROTOCOL.md 6.9): a hit counts in ``success``,
-``queue`` (0 ns) and ``cache_hit`` (the lookup's duration), not in ``compute_*``,
-``inference_count`` or ``execution_count``; a miss counts in ``cache_miss`` with the
-lookup and insert durations, and runs (and counts) as any request. A lookup that
+``queue`` (0 ns) and ``cache_hit`` (the lookup's duration), and in the request and queue
+latency summaries, not in ``compute_*``, ``inference_count`` or ``execution_count``; a
+miss counts in ``cache_miss`` with the lookup and insert durations, and runs (and
+counts) as any request. A lookup that
 Redis fails is treated as a miss; a failed insert only loses the entry.
 """
 
@@ -26,6 +27,7 @@ import redis.exceptions
 
 from broker.codec import CodecError, decode_response, encode_response
 from broker.keys import KeySchema
+from broker.latency_window import KEY_TTL_S, bin_floor, bucket_key
 from broker.messages import InferRequestMessage, InferResponseMessage
 from broker.multiplex import MultiplexedConnection
 from broker.response_cache import CACHE_INSERT, CACHE_LOOKUP, request_digest
@@ -187,8 +189,17 @@ class ResponseCache:
         key = self._keys.stats(message.model, message.version)
         calls = [self._connection.call("HINCRBY", key, name, n) for name, n in counts.items()]
         if "success_count" in counts:
-            now_ms = time.time_ns() // 10**6
-            calls.append(self._connection.call("HSET", key, "last_inference_ms", now_ms))
+            now_ns = time.time_ns()
+            calls.append(self._connection.call("HSET", key, "last_inference_ms", now_ns // 10**6))
+            # the latency summaries include cached requests (Triton): a hit's end-to-end
+            # time is its lookup, its queue time 0
+            window = bucket_key(self._keys.latency_window(message.model, message.version), now_ns)
+            request_bin = f"request:{bin_floor(counts['success_ns'] // 1000)}"
+            calls += [
+                self._connection.call("HINCRBY", window, request_bin, 1),
+                self._connection.call("HINCRBY", window, "queue:0", 1),
+                self._connection.call("EXPIRE", window, KEY_TTL_S),
+            ]
         try:
             await asyncio.gather(*calls)
         except redis.exceptions.RedisError as exc:

@@ -26,10 +26,12 @@ from collections.abc import Iterable, Mapping, Sequence
 __all__ = [
     "AGE_BUCKET_S",
     "DEFAULT_QUANTILES",
+    "KEY_TTL_S",
     "KINDS",
     "WINDOW_S",
     "LatencyRecorder",
     "bin_floor",
+    "bucket_key",
     "merge_windows",
     "parse_quantiles",
     "quantile",
@@ -42,6 +44,8 @@ WINDOW_S = 60
 AGE_BUCKETS = 5
 #: length of one age bucket, in s.
 AGE_BUCKET_S = WINDOW_S // AGE_BUCKETS
+#: a bucket's hash expires this long after its last write, in s (past the window).
+KEY_TTL_S = WINDOW_S + 2 * AGE_BUCKET_S
 #: longest wait of an observation in an instance's memory before it is sent, in ns.
 FLUSH_NS = 1_000_000_000
 #: the durations observed, in Triton's order (the ``*_summary_us`` families).
@@ -132,14 +136,19 @@ class LatencyRecorder:
         if not self._pending or (not force and now_ns - self._since_ns < FLUSH_NS):
             return []
         bins, self._bins, self._pending = self._bins, [{} for _ in KINDS], False
-        key = f"{self.key_prefix}{now_ns // 1_000_000_000 // AGE_BUCKET_S}"
+        key = bucket_key(self.key_prefix, now_ns)
         commands: list[tuple[object, ...]] = [
             ("HINCRBY", key, f"{kind}:{floor}", count)
             for kind, kind_bins in zip(KINDS, bins, strict=True)
             for floor, count in kind_bins.items()
         ]
-        commands.append(("EXPIRE", key, WINDOW_S + 2 * AGE_BUCKET_S))
+        commands.append(("EXPIRE", key, KEY_TTL_S))
         return commands
+
+
+def bucket_key(key_prefix: str, now_ns: int) -> str:
+    """The hash of the age bucket that holds wall-clock time ``now_ns``."""
+    return f"{key_prefix}{now_ns // 1_000_000_000 // AGE_BUCKET_S}"
 
 
 def window_keys(key_prefix: str, now_s: float) -> list[str]:

@@ -31,7 +31,10 @@ def cached_server(redis_url, tmp_path_factory):
         config = (source / "config.pbtxt").read_text().replace('"slow"', f'"{name}"')
         (repo / name / "config.pbtxt").write_text(config + extra)
     log = tmp_path_factory.mktemp("cache-logs") / "serve.log"
-    server = start_server(repo, redis_url, log, "--cache-config", "local,size=1048576")
+    server = start_server(
+        repo, redis_url, log,
+        "--cache-config", "local,size=1048576", "--metrics-config", "summary_latencies=true",
+    )  # fmt: skip
     yield server
     assert stop_server(server) == 0, server.log()
 
@@ -102,3 +105,15 @@ def test_a_repeated_request_is_answered_from_the_cache(cached_server) -> None:
     assert metrics.types["nv_cache_miss_duration_per_model"] == "counter"
     assert metrics.get("nv_cache_num_entries") == 2
     assert 0 < metrics.get("nv_cache_util") < 0.01
+    # the latency summaries hold the hits too (Triton: "includes cached requests"): of
+    # 4 requests, the 2 fast hits are the lower half, the 2 that ran the upper
+    summary = "nv_inference_request_summary_us"
+    def p90() -> float:  # NaN (no request in the window yet) compares False
+        return scrape(cached_server.metrics_url).model(summary, "slow_cached", quantile="0.9")
+
+    while not p90() >= SLEEP_MS * 1000:
+        assert time.monotonic() < deadline + 10, "the instances' histograms did not arrive"
+        time.sleep(0.2)
+    metrics = scrape(cached_server.metrics_url)
+    assert metrics.model(f"{summary}_count", "slow_cached") == 4
+    assert metrics.model(summary, "slow_cached", quantile="0.5") < SLEEP_MS * 1000 / 4
