@@ -54,6 +54,7 @@ class ResponseCache:
         self.size_bytes = size_bytes
         self._lru = keys.cache_lru()
         self._bytes = keys.cache_bytes()
+        self._stats = keys.cache_stats()
         #: statistics and inserts being written (kept referenced until done)
         self._background: set[asyncio.Future[None]] = set()
 
@@ -114,7 +115,9 @@ class ResponseCache:
                     found = decode_response(lookup.result())
                 except CodecError:
                     logger.warning("dropping an undecodable response cache entry %s", entry)
-        if found is not None and found.error is None:
+        hit = found is not None and found.error is None
+        self._count_cache({"hits" if hit else "misses": 1, "lookups": 1, "lookup_ns": lookup_ns})
+        if found is not None and hit:
             outer.set_result(dataclasses.replace(found, request_id=message.request_id))
             self._count(
                 message,
@@ -167,8 +170,9 @@ class ResponseCache:
     ) -> None:
         started = time.perf_counter_ns()
         payload = encode_response(dataclasses.replace(response, request_id=""))
+        evicted = 0
         try:
-            await self._connection.script(
+            evicted = await self._connection.script(
                 CACHE_INSERT,
                 [entry, self._lru, self._bytes],
                 [payload, self.size_bytes, time.time_ns() // 10**6],
@@ -176,12 +180,25 @@ class ResponseCache:
         except redis.exceptions.RedisError as exc:
             logger.debug("response cache insert failed: %s", exc)
         insert_ns = time.perf_counter_ns() - started
+        self._count_cache({"evictions": max(0, int(evicted)), "insert_ns": insert_ns})
         await self._write_counts(
             message, {"cache_miss_count": 1, "cache_miss_ns": lookup_ns + insert_ns}
         )
 
     def _count(self, message: InferRequestMessage, counts: dict[str, int]) -> None:
         self._spawn(self._write_counts(message, counts))
+
+    def _count_cache(self, counts: dict[str, int]) -> None:
+        """Add ``counts`` to the cache's own counters (Triton's ``nv_cache_*`` gauges)."""
+
+        async def write() -> None:
+            calls = [self._connection.call("HINCRBY", self._stats, k, n) for k, n in counts.items()]
+            try:
+                await asyncio.gather(*calls)
+            except redis.exceptions.RedisError as exc:
+                logger.debug("response cache counters not written: %s", exc)
+
+        self._spawn(write())
 
     async def _write_counts(self, message: InferRequestMessage, counts: dict[str, int]) -> None:
         """Add ``counts`` to the version's gateway statistics hash (queued together: one

@@ -88,6 +88,11 @@ class KeySchema:
         """Integer: bytes the response cache entries hold."""
         return f"{self.prefix}cache:bytes"
 
+    def cache_stats(self) -> str:
+        """Hash: the response cache's own counters (hits, misses, lookups, evictions,
+        lookup_ns, insert_ns), added to by every gateway."""
+        return f"{self.prefix}cache:stats"
+
     def latency_window(self, model: str, version: int) -> str:
         """Prefix of the version's latency histograms, one hash per age bucket (the bucket
         number follows; ``broker.latency_window``)."""

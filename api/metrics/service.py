@@ -18,7 +18,21 @@ from api.settings import MetricsSettings
 from broker.keys import KeySchema
 from broker.latency_window import parse_quantiles
 
-__all__ = ["MetricsService"]
+__all__ = ["CACHE_GAUGES", "MetricsService"]
+
+#: Triton's response cache gauges (name, help), as Triton 2.51 writes them; Sluice's
+#: cache is one per deployment, so every gateway reports the same values.
+CACHE_GAUGES = (
+    ("nv_cache_util", "Cache utilization [0.0 - 1.0]"),
+    ("nv_cache_num_entries", "Number of responses stored in response cache"),
+    ("nv_cache_num_hits", "Number of cache hits in response cache"),
+    ("nv_cache_num_misses", "Number of cache misses in response cache"),
+    ("nv_cache_num_lookups", "Number of cache lookups in response cache"),
+    ("nv_cache_num_evictions", "Number of cache evictions in response cache"),
+    ("nv_cache_lookup_duration",
+     "Total cache lookup duration (hit and miss), in microseconds"),
+    ("nv_cache_insertion_duration", "Total cache insertion duration, in microseconds"),
+)
 
 logger = logging.getLogger(__name__)
 
@@ -104,11 +118,22 @@ class MetricsService:
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.get(self._keys.cache_bytes())
             pipe.zcard(self._keys.cache_lru())
-            held, entries = await pipe.execute()
-        util = Family("nv_cache_util", "gauge", "Cache utilization [0.0 - 1.0]")
-        util.add({}, min(1.0, int(held or 0) / self._cache_size))
-        count = Family(
-            "nv_cache_num_entries", "gauge", "Number of responses stored in response cache"
-        )
-        count.add({}, int(entries or 0))
-        return [util, count]
+            pipe.hgetall(self._keys.cache_stats())
+            held, entries, raw = await pipe.execute()
+        counts = {k.decode(): int(v) for k, v in (raw or {}).items()}
+        values = {
+            "nv_cache_util": min(1.0, int(held or 0) / self._cache_size),
+            "nv_cache_num_entries": int(entries or 0),
+            "nv_cache_num_hits": counts.get("hits", 0),
+            "nv_cache_num_misses": counts.get("misses", 0),
+            "nv_cache_num_lookups": counts.get("lookups", 0),
+            "nv_cache_num_evictions": counts.get("evictions", 0),
+            "nv_cache_lookup_duration": counts.get("lookup_ns", 0) // 1000,
+            "nv_cache_insertion_duration": counts.get("insert_ns", 0) // 1000,
+        }
+        families = []
+        for name, help_text in CACHE_GAUGES:
+            family = Family(name, "gauge", help_text)
+            family.add({}, values[name])
+            families.append(family)
+        return families

@@ -105,6 +105,10 @@ def test_a_repeated_request_is_answered_from_the_cache(cached_server) -> None:
     assert metrics.types["nv_cache_miss_duration_per_model"] == "counter"
     assert metrics.get("nv_cache_num_entries") == 2
     assert 0 < metrics.get("nv_cache_util") < 0.01
+    assert (metrics.get("nv_cache_num_hits"), metrics.get("nv_cache_num_misses")) == (2, 2)
+    assert (metrics.get("nv_cache_num_lookups"), metrics.get("nv_cache_num_evictions")) == (4, 0)
+    assert metrics.get("nv_cache_lookup_duration") > 0
+    assert metrics.get("nv_cache_insertion_duration") > 0
     # the latency summaries hold the hits too (Triton: "includes cached requests"): of
     # 4 requests, the 2 fast hits are the lower half, the 2 that ran the upper
     summary = "nv_inference_request_summary_us"
