@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import pydantic
 import redis.exceptions
@@ -53,7 +54,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--model-control-mode", default="none", choices=["none", "poll", "explicit"])
     p.add_argument("--load-model", action="append", default=[],
                    help="explicit mode: a model to load at start (repeatable; '*' = all)")
-    p.add_argument("--gateway-processes", type=int, default=1,
+    p.add_argument("--gateway-processes", type=_positive, default=1,
                    help="gateway processes sharing the HTTP/gRPC ports (SO_REUSEPORT)")
     p.add_argument("--repository-poll-secs", type=float, default=15.0,
                    help="poll mode: seconds between repository scans")
@@ -258,9 +259,28 @@ def port_is_free(address: str, port: int) -> bool:
     return True
 
 
+def _positive(text: str) -> int:
+    """argparse type: a whole number ≥ 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got '{text}'")
+    return value
+
+
+class _OneLineErrors(argparse.ArgumentParser):
+    """A parser whose flag errors are one line (and exit code 2), not the usage text:
+    the error names the flag and its rule; ``--help`` shows the rest."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``sluice`` command."""
-    parser = argparse.ArgumentParser(
+    parser = _OneLineErrors(
         prog="sluice",
         description="Triton-compatible inference server whose requests travel through Redis",
     )

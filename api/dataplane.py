@@ -197,7 +197,8 @@ class DataPlane:
 
         Raises:
             SluiceError: NOT_FOUND for a model that never loaded or a version it
-                does not have (PROTOCOL.md 4.1: tritonclient's ``is_model_ready`` raises).
+                does not have (the gRPC servicer answers it ``ready: false``, as Triton
+                2.51 does).
         """
         async def check() -> bool:
             view = await self.registry.get(model, fresh=True)

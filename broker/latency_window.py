@@ -32,6 +32,7 @@ __all__ = [
     "LatencyRecorder",
     "bin_floor",
     "bucket_key",
+    "live_bucket_keys",
     "merge_windows",
     "parse_quantiles",
     "quantile",
@@ -151,6 +152,12 @@ def bucket_key(key_prefix: str, now_ns: int) -> str:
     return f"{key_prefix}{now_ns // 1_000_000_000 // AGE_BUCKET_S}"
 
 
+def live_bucket_keys(key_prefix: str, now_ns: int) -> list[str]:
+    """Every bucket hash that may still exist at ``now_ns`` (not yet expired)."""
+    current = now_ns // 1_000_000_000 // AGE_BUCKET_S
+    return [f"{key_prefix}{current - age}" for age in range(KEY_TTL_S // AGE_BUCKET_S + 2)]
+
+
 def window_keys(key_prefix: str, now_s: float) -> list[str]:
     """The hashes of the window ending at ``now_s`` (s since the epoch), newest first."""
     current = int(now_s) // AGE_BUCKET_S
@@ -195,6 +202,7 @@ def quantile(bins: Mapping[int, int], q: float) -> float:
 def parse_quantiles(text: str) -> tuple[tuple[float, float], ...]:
     """Triton's ``summary_quantiles`` value: ``<quantile>:<error>`` pairs separated by
     commas (``0.5:0.05,0.9:0.01``). Triton core ``MetricReporterConfig::ParseQuantiles``.
+    Empty items are skipped; a quantile given twice is kept once (the first).
 
     Raises:
         ValueError: a pair without ``:``, a number that does not parse, a quantile
@@ -216,7 +224,8 @@ def parse_quantiles(text: str) -> tuple[tuple[float, float], ...]:
             raise ValueError(
                 f"summary_quantiles: '{item}': the quantile must be in [0, 1] and the error ≥ 0"
             )
-        pairs.append((q, error))
+        if all(q != seen for seen, _ in pairs):  # a quantile given twice: the first counts
+            pairs.append((q, error))
     if not pairs:
         raise ValueError("summary_quantiles: no <quantile>:<error> pair given")
     return tuple(pairs)

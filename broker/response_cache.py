@@ -128,18 +128,18 @@ def parse_cache_config(values: Sequence[str]) -> int:
         cache, sep, setting = value.partition(",")
         if cache != "local":
             raise ValueError(
-                f"--cache-config '{value}': only the 'local' cache is served (Sluice keeps "
+                f"'{value}': only the 'local' cache is served (Sluice keeps "
                 "it in Redis, shared by every gateway)"
             )
         key, eq, number = setting.partition("=")
         if not sep or not eq or key != "size":
-            raise ValueError(f"--cache-config '{value}': expected local,size=<bytes>")
+            raise ValueError(f"'{value}': expected local,size=<bytes>")
         try:
             size = int(number)
         except ValueError:
             raise ValueError(
-                f"--cache-config '{value}': size must be a whole number of bytes"
+                f"'{value}': size must be a whole number of bytes"
             ) from None
         if size < 0:
-            raise ValueError(f"--cache-config '{value}': size must be >= 0")
+            raise ValueError(f"'{value}': size must be >= 0")
     return size

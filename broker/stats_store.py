@@ -34,6 +34,7 @@ Field names:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,7 @@ import redis
 import redis.asyncio
 
 from broker.keys import KeySchema
+from broker.latency_window import live_bucket_keys
 from broker.scripts import FOLD_STATS, READ_STATS
 
 FAIL_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
@@ -199,6 +201,21 @@ def fold_stats_shards(
             shard = keys.stats_shard(model, version, instance)
             pipe.eval(FOLD_STATS.body, 3, base, shard, registry)
         pipe.execute()
+
+
+def reset_version_stats(client: redis.Redis, keys: KeySchema, model: str, version: int) -> None:
+    """Forget a version's statistics before it is loaded again: its gateway hash, every
+    instance shard, the shard list and its latency histograms. Triton creates a new
+    model, with zeroed statistics and metrics, on each load; call it before the
+    version's instances start (they read their shards' totals when they do).
+
+    Raises:
+        redis.exceptions.RedisError: Redis unreachable.
+    """
+    registry = keys.stats_shards(model, version)
+    shards = [s.decode() if isinstance(s, bytes) else s for s in client.smembers(registry)]
+    windows = live_bucket_keys(keys.latency_window(model, version), time.time_ns())
+    client.delete(keys.stats(model, version), registry, *shards, *windows)
 
 
 def merge_stats(hashes: Sequence[Mapping[bytes, bytes]]) -> VersionStats:

@@ -40,7 +40,7 @@ from broker.messages import ErrorInfo, InferResponseMessage
 from broker.model_store import ModelState, ModelStore, VersionState
 from broker.producer import PAYLOAD_FIELD
 from broker.scheduling import StreamLayout, scheduling_policy
-from broker.stats_store import fold_stats_shards
+from broker.stats_store import fold_stats_shards, reset_version_stats
 from gpu_workers.backends.registry import auto_complete, gpu_available
 from gpu_workers.device import gpu_ids
 from gpu_workers.processes import HAND_OVER_SIGNAL, Instance, Spawner, terminate
@@ -340,6 +340,9 @@ class ModelManager:
             self._store.publish_config(name, json_format.MessageToJson(loaded.config))
         for version in loaded.versions:
             if previous is None or version not in previous.versions:
+                # a new load starts from zero, as Triton's new model (not a reload of a
+                # version that keeps serving meanwhile)
+                reset_version_stats(self._redis, self._keys, name, version)
                 self._store.set_state(name, version, VersionState(ModelState.LOADING))
             self._ensure_groups(name, version, loaded.config)
             model.versions[version] = self._start_version(model, version, config_key)

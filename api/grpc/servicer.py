@@ -73,9 +73,17 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelReady(
         self, request: service_pb2.ModelReadyRequest, context: grpc.aio.ServicerContext
     ) -> service_pb2.ModelReadyResponse:
-        """NOT_FOUND for an unknown model or version; otherwise ``ready`` True/False."""
+        """``ready`` True/False; an unknown model or version is not ready (False), as
+        Triton 2.51 answers it (checked against its tritonserver: ``is_model_ready`` of
+        tritonclient.grpc returns False, as over HTTP). A version that is not a number
+        is still INVALID_ARGUMENT."""
         version = parse_version(request.version, request.name)
-        ready = await self._dp.model_readiness(request.name, version)
+        try:
+            ready = await self._dp.model_readiness(request.name, version)
+        except SluiceError as exc:
+            if exc.code is not ErrorCode.NOT_FOUND:
+                raise
+            ready = False
         return service_pb2.ModelReadyResponse(ready=ready)
 
     # -- metadata and config ------------------------------------------------------------

@@ -100,6 +100,15 @@ def test_http_load_and_unload(explicit_server: Server) -> None:
     with pytest.raises(InferenceServerException) as info:
         client.infer("batch_scale", _scale_input(1.0))
     assert info.value.status() == "404"
+    # loaded again, it starts from zero, as Triton's new model (statistics and metrics)
+    client.load_model("batch_scale")
+    stats = client.get_inference_statistics("batch_scale")["model_stats"][0]
+    assert stats["inference_stats"]["success"]["count"] == 0
+    assert (stats["inference_count"], stats["execution_count"]) == (0, 0)
+    client.infer("batch_scale", _scale_input(1.0))
+    stats = client.get_inference_statistics("batch_scale")["model_stats"][0]
+    assert stats["inference_stats"]["success"]["count"] == 1
+    client.unload_model("batch_scale")
 
 
 def test_grpc_load_and_unload(explicit_server: Server) -> None:

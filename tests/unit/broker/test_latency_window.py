@@ -101,6 +101,7 @@ def test_window_keys_are_the_last_five_age_buckets() -> None:
 def test_summary_quantiles_parse_as_triton_writes_them() -> None:
     assert parse_quantiles("0.5:0.05,0.9:0.01") == ((0.5, 0.05), (0.9, 0.01))
     assert parse_quantiles(" 0.99:0.001 ,") == ((0.99, 0.001),)
+    assert parse_quantiles("0.5:0.05,0.5:0.01,0:0") == ((0.5, 0.05), (0.0, 0.0))
     for bad, words in (
         ("0.5", "no ':'"),
         ("a:b", "not two numbers"),
