@@ -90,7 +90,7 @@ class ResponseCache:
             self._connection.script(CACHE_LOOKUP, [entry, self._lru], [time.time_ns() // 10**6])
         )
         lookup.add_done_callback(
-            functools.partial(self._looked_up, outer, message, entry, enqueue, started)
+            functools.partial(self._looked_up, outer, message, entry, load_id, enqueue, started)
         )
         return outer
 
@@ -99,6 +99,7 @@ class ResponseCache:
         outer: asyncio.Future[InferResponseMessage],
         message: InferRequestMessage,
         entry: str,
+        load_id: str,
         enqueue: Enqueue,
         started: int,
         lookup: asyncio.Future[bytes | None],
@@ -137,7 +138,7 @@ class ResponseCache:
             return
         outer.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
         inner.add_done_callback(
-            functools.partial(self._answered, outer, message, entry, lookup_ns)
+            functools.partial(self._answered, outer, message, entry, load_id, lookup_ns)
         )
 
     def _answered(
@@ -145,6 +146,7 @@ class ResponseCache:
         outer: asyncio.Future[InferResponseMessage],
         message: InferRequestMessage,
         entry: str,
+        load_id: str,
         lookup_ns: int,
         inner: asyncio.Future[InferResponseMessage],
     ) -> None:
@@ -158,7 +160,10 @@ class ResponseCache:
             return
         response = inner.result()
         outer.set_result(response)
-        if response.error is None:  # only successful responses are stored (Triton)
+        # only successful answers are stored (Triton), and only under the load that
+        # computed them: during a reload an instance of the older load may still answer
+        # a request keyed on the new one
+        if response.error is None and response.load_id == load_id:
             self._spawn(self._store(message, entry, response, lookup_ns))
 
     async def _store(
@@ -205,9 +210,8 @@ class ResponseCache:
         write with this loop iteration's other commands)."""
         key = self._keys.stats(message.model, message.version)
         calls = [self._connection.call("HINCRBY", key, name, n) for name, n in counts.items()]
-        if "success_count" in counts:
+        if "success_count" in counts:  # a hit: not a model inference (no last_inference)
             now_ns = time.time_ns()
-            calls.append(self._connection.call("HSET", key, "last_inference_ms", now_ns // 10**6))
             # the latency summaries include cached requests (Triton): a hit's end-to-end
             # time is its lookup, its queue time 0
             window = bucket_key(self._keys.latency_window(message.model, message.version), now_ns)

@@ -108,6 +108,7 @@ def encode_response(message: InferResponseMessage) -> bytes:
             error,
             message.parameters,
             message.timings,
+            message.load_id,
         ],
         use_bin_type=True,
     )
@@ -120,10 +121,12 @@ def decode_response(payload: bytes) -> InferResponseMessage:
         CodecError: not a response of layout version ``_VERSION``.
     """
     try:
+        fields = msgpack.unpackb(payload, raw=False)
         version, request_id, model, model_version, outputs, error, parameters, timings = (
-            msgpack.unpackb(payload, raw=False)
+            fields[:8]
         )
-    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        load_id = fields[8] if len(fields) > 8 else ""  # a worker without it: ""
+    except (ValueError, TypeError, IndexError, msgpack.UnpackException) as exc:
         raise CodecError(f"undecodable response message: {exc}") from exc
     if version != _VERSION:
         raise CodecError(f"response message layout {version}, expected {_VERSION}")
@@ -135,4 +138,5 @@ def decode_response(payload: bytes) -> InferResponseMessage:
         error=None if error is None else ErrorInfo(error[0], error[1]),
         parameters=parameters,
         timings=timings,
+        load_id=load_id if isinstance(load_id, str) else "",
     )

@@ -101,6 +101,9 @@ class InferResponseMessage:
         parameters: response parameters set by the model.
         timings: per-request durations in ns (queue, compute_input, compute_infer,
             compute_output) as measured by the worker.
+        load_id: the load of the model whose instance ran it (``VersionState.load_id``;
+            "" when unknown): the response cache stores an answer only under the load
+            that computed it.
     """
 
     request_id: str
@@ -110,3 +113,4 @@ class InferResponseMessage:
     error: ErrorInfo | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, int] = field(default_factory=dict)
+    load_id: str = ""

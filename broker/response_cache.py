@@ -132,14 +132,11 @@ def parse_cache_config(values: Sequence[str]) -> int:
                 "it in Redis, shared by every gateway)"
             )
         key, eq, number = setting.partition("=")
-        if not sep or not eq or key != "size":
-            raise ValueError(f"'{value}': expected local,size=<bytes>")
-        try:
-            size = int(number)
-        except ValueError:
-            raise ValueError(
-                f"'{value}': size must be a whole number of bytes"
-            ) from None
-        if size < 0:
+        if not sep or not eq or key != "size" or "," in number:
+            raise ValueError(f"'{value}': expected local,size=<bytes> (size is the only setting)")
+        if number.startswith("-") and number[1:].isdigit():
             raise ValueError(f"'{value}': size must be >= 0")
+        if not (number.isascii() and number.isdigit()):
+            raise ValueError(f"'{value}': size must be a whole number of bytes")
+        size = int(number)
     return size

@@ -315,12 +315,17 @@ def triton_model_stats(name: str, version: int, stats: VersionStats) -> dict[str
         "count": stats.get("fail_count") - stats.get("fail_reason:CANCELED"),
         "ns": max(0, stats.get("fail_ns") - stats.get("cancel_ns")),
     }
-    if stats.get("success_count") or failed_responses["count"]:
+    # responses the model produced: a response cache hit never reached it (Triton)
+    model_successes = {
+        "count": stats.get("success_count") - stats.get("cache_hit_count"),
+        "ns": max(0, stats.get("success_ns") - stats.get("cache_hit_ns")),
+    }
+    if model_successes["count"] or failed_responses["count"]:
         # One response per request (no decoupled models): index "0" of each request.
         response_stats["0"] = {
             "compute_infer": pair("compute_infer"),
             "compute_output": pair("compute_output"),
-            "success": pair("success"),
+            "success": model_successes,
             "fail": failed_responses,
             "empty_response": {"count": 0, "ns": 0},
             # Triton counts here responses a backend ended as cancelled; Sluice's models

@@ -97,6 +97,8 @@ class InstanceLoop:
         stats: this instance's statistics (None: nothing is counted).
         batching: whether the model has a batch dimension (``max_batch_size`` > 0).
         clock: wall-clock ns; injectable for tests.
+        load_id: the model load this instance belongs to, stamped on its answers
+            (``InferResponseMessage.load_id``).
     """
 
     def __init__(
@@ -109,6 +111,7 @@ class InstanceLoop:
         stats: StatsShard | None,
         batching: bool,
         clock: Callable[[], int] = time.time_ns,
+        load_id: str = "",
     ) -> None:
         self._consumer = consumer
         self._backend = backend
@@ -121,6 +124,7 @@ class InstanceLoop:
         self._batching = batching
         self._clock = clock
         self._batcher = DynamicBatcher(layout.policy)
+        self._load_id = load_id
         #: latency histograms of the summary metrics (None: nothing is counted)
         self._latencies = (
             LatencyRecorder(layout.keys.latency_window(layout.model, layout.version))
@@ -579,5 +583,11 @@ class InstanceLoop:
             logger.exception("model '%s' produced an output that cannot be sent", self._model)
             return self._error(request_id, "INTERNAL", str(exc))
         return InferResponseMessage(
-            request_id, self._model, self._version, outputs, None, dict(result.parameters)
+            request_id,
+            self._model,
+            self._version,
+            outputs,
+            None,
+            dict(result.parameters),
+            load_id=self._load_id,
         )

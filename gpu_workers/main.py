@@ -68,6 +68,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="after SIGTERM, how long the instance keeps running queued requests",
     )
     parser.add_argument(
+        "--load-id",
+        default="",
+        help="the load this instance belongs to (set by sluice serve), stamped on its "
+        "answers so that the response cache stores each under the load that computed it",
+    )
+    parser.add_argument(
         "--stale-instance-secs",
         type=float,
         default=5.0,
@@ -139,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         output_datatypes(config),
         open_stats_shard(client, keys, args.model, args.version, args.instance),
         batching=config.max_batch_size > 0,
+        load_id=args.load_id,
     )
     loop.drain_limit_ns = int(args.drain_timeout_secs * 1e9)
     liveness = Liveness(

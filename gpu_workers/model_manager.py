@@ -289,6 +289,7 @@ class ModelManager:
     ) -> LoadedModel | None:
         """Complete the config and start the new instances; None when nothing changed."""
         started = time.monotonic()
+        load_id = uuid.uuid4().hex[:16]
         previous = self.loaded.get(name)
         source, temp = self._source(name, scan, files, config_json)
         fingerprint = (
@@ -333,6 +334,7 @@ class ModelManager:
             overridden=bool(config_json),
             temp_dir=temp,
             load_started=started,
+            load_id=load_id,
         )
         config_key = self._keys.staged_config(name, generation)
         self._redis.set(config_key, json_format.MessageToJson(loaded.config))
@@ -372,6 +374,7 @@ class ModelManager:
                         model.source.path,
                         config_key,
                         model.generation,
+                        model.load_id,
                     )
                     self._spawner.start_instance(instance)
                     instances.append(instance)
@@ -405,7 +408,6 @@ class ModelManager:
             )
         self._store.publish_config(model.name, json_format.MessageToJson(model.config))
         model.load_s = round(time.monotonic() - model.load_started, 6)
-        model.load_id = uuid.uuid4().hex[:16]
         for version in model.versions:
             self._store.set_state(
                 model.name,

@@ -35,6 +35,7 @@ class Instance:
         model_dir: the model's directory.
         config_key: Redis key of the config this instance starts with.
         generation: load generation of the model that started it.
+        load_id: the id of that load (``VersionState.load_id``), stamped on its answers.
     """
 
     model: str
@@ -45,6 +46,7 @@ class Instance:
     model_dir: Path
     config_key: str
     generation: int = 1
+    load_id: str = ""
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     started_at: float = 0.0
@@ -106,6 +108,8 @@ class Spawner:
                 str(self.log_verbose),
                 "--drain-timeout-secs",
                 str(self.drain_timeout_s),
+                "--load-id",
+                instance.load_id,
             ]
         )
         instance.started_at = time.monotonic()

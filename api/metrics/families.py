@@ -127,7 +127,8 @@ def model_families(
             ``_sum`` are the counters' totals, the quantiles those of the samples'
             ``latencies``, NaN with no request in the window); None: none.
         cache: the response cache is on (Triton ``--cache-config``): the four
-            ``nv_cache_*_per_model`` counters.
+            ``nv_cache_*_per_model`` counters of the models that enable it, while
+            ``counter_latencies`` is on (Triton ``metric_model_reporter.cc``).
     """
     ready = [s for s in samples if s.ready]
     families: list[Family] = []
@@ -151,10 +152,10 @@ def model_families(
             else:
                 family.add(labels, sample.stats.get(_COUNTS[name]))
         families.append(family)
-    if cache:
+    if cache and counter_latencies:
         for name, help_text, stat in CACHE_METRICS:
             family = Family(name, "counter", help_text)
-            for sample in ready:
+            for sample in (s for s in ready if s.response_cache):
                 value = sample.stats.get(stat)
                 family.add(
                     {"model": sample.model, "version": str(sample.version)},

@@ -63,6 +63,7 @@ class VersionSample:
         latencies: kind (``broker.latency_window.KINDS``) -> histogram (bin floor µs ->
             count) of the last 60 s; read only when asked for (summary metrics).
         load_s: how long the version's last load took, in s (None: not recorded).
+        response_cache: the model's config enables the response cache.
     """
 
     model: str
@@ -75,6 +76,7 @@ class VersionSample:
     live_instances: int = 0
     latencies: dict[str, dict[int, int]] = field(default_factory=dict)
     load_s: float | None = None
+    response_cache: bool = False
 
     @property
     def ready(self) -> bool:
@@ -88,6 +90,16 @@ def _streams(keys: KeySchema, model: str, version: int, config_json: str) -> lis
     except Exception:
         return [keys.queue(model, version)]
     return StreamLayout(keys, model, version, policy).streams()
+
+
+def _cache_enabled(config_raw: bytes | None) -> bool:
+    """Whether a published config (protobuf JSON) has ``response_cache { enable: true }``."""
+    try:
+        config = json.loads(config_raw or b"{}")
+    except ValueError:
+        return False
+    cache = config.get("responseCache") or config.get("response_cache") or {}
+    return isinstance(cache, dict) and cache.get("enable") is True
 
 
 def _field(entry: dict[Any, Any], name: str) -> Any:
@@ -121,8 +133,11 @@ async def read_versions(
         raw = await pipe.execute() if names else []
     found: list[tuple[str, int, str, str, list[str]]] = []
     load_secs: dict[tuple[str, int], float] = {}
+    cached_models: set[str] = set()
     for i, name in enumerate(names):
         config_raw, states_raw = raw[2 * i], raw[2 * i + 1]
+        if _cache_enabled(config_raw):
+            cached_models.add(name)
         for version_raw, state_raw in states_raw.items():
             state = json.loads(state_raw)
             version = int(version_raw)
@@ -214,6 +229,7 @@ async def read_versions(
                 live,
                 histograms.get((name, version), {}),
                 load_secs.get((name, version)),
+                name in cached_models,
             )
         )
     return samples

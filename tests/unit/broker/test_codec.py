@@ -95,6 +95,11 @@ def test_response_round_trip() -> None:
     assert decode_response(encode_response(ok)) == ok
     failed = InferResponseMessage("abc", "m", 1, error=ErrorInfo("INVALID_ARG", "bad"))
     assert decode_response(encode_response(failed)) == failed
+    stamped = InferResponseMessage("abc", "m", 1, load_id="5f1e")
+    assert decode_response(encode_response(stamped)).load_id == "5f1e"
+    # a worker of an earlier release writes 8 fields: its answers decode with no load id
+    older = msgpack.packb(msgpack.unpackb(encode_response(ok))[:8], use_bin_type=True)
+    assert decode_response(older) == ok
 
 
 def test_tensor_bytes_travel_as_msgpack_bin() -> None:

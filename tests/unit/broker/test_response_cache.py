@@ -58,6 +58,9 @@ def test_cache_config_takes_tritons_local_size() -> None:
         ("local,bytes=3", "expected local,size=<bytes>"),
         ("local,size=1k", "whole number of bytes"),
         ("local,size=-1", ">= 0"),
+        ("local,size= 100", "whole number of bytes"),
+        ("local,size=1_000", "whole number of bytes"),
+        ("local,size=100,bogus=1", "size is the only setting"),
     ):
         with pytest.raises(ValueError, match=words):
             parse_cache_config([bad])
