@@ -51,14 +51,6 @@ async def client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
 
 
 @pytest.fixture
-async def connection(redis_url: str) -> AsyncIterator[MultiplexedConnection]:
-    conn = MultiplexedConnection(redis_url, timeout_s=5.0)
-    await conn.start()
-    yield conn
-    await conn.stop()
-
-
-@pytest.fixture
 async def dataplane(
     redis_url: str, key_prefix: str, client: redis.asyncio.Redis
 ) -> AsyncIterator[DataPlane]:

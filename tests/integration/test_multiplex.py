@@ -13,14 +13,6 @@ from broker.multiplex import MultiplexedConnection
 from broker.scripts import Script
 
 
-@pytest.fixture
-async def connection(redis_url: str):
-    conn = MultiplexedConnection(redis_url, timeout_s=5.0)
-    await conn.start()
-    yield conn
-    await conn.stop()
-
-
 async def test_concurrent_calls_get_their_own_replies(connection: MultiplexedConnection) -> None:
     values = [f"value-{i}".encode() for i in range(300)]
     replies = await asyncio.gather(*(connection.call("ECHO", v) for v in values))

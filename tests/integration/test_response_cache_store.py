@@ -4,20 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from api.response_cache import ResponseCache
 from broker.keys import KeySchema
 from broker.messages import InferRequestMessage, InferResponseMessage, WireTensor
 from broker.multiplex import MultiplexedConnection
-
-
-@pytest.fixture
-async def connection(redis_url: str):
-    conn = MultiplexedConnection(redis_url, timeout_s=5.0)
-    await conn.start()
-    yield conn
-    await conn.stop()
 
 
 def _request(request_id: str) -> InferRequestMessage:
