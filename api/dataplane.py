@@ -340,9 +340,8 @@ class DataPlane:
         delta = StatsDelta()
         delta.failure(request_ns=0, reason="REJECTED")
         key = self._keys.stats(model, version)
-        # queued together: one write with this iteration's other commands
-        await asyncio.gather(
-            *(self.connection.call("HINCRBY", key, name, n) for name, n in delta.counts.items())
+        await self.connection.run_all(
+            [("HINCRBY", key, name, n) for name, n in delta.counts.items()]
         )
 
     # -- statistics -------------------------------------------------------------------------

@@ -27,7 +27,7 @@ import redis.exceptions
 
 from broker.codec import CodecError, decode_response, encode_response
 from broker.keys import KeySchema
-from broker.latency_window import KEY_TTL_S, bin_floor, bucket_key
+from broker.latency_window import LatencyRecorder
 from broker.messages import InferRequestMessage, InferResponseMessage
 from broker.multiplex import MultiplexedConnection
 from broker.response_cache import CACHE_INSERT, CACHE_LOOKUP, request_digest
@@ -116,9 +116,12 @@ class ResponseCache:
                     found = decode_response(lookup.result())
                 except CodecError:
                     logger.warning("dropping an undecodable response cache entry %s", entry)
-        hit = found is not None and found.error is None
-        self._count_cache({"hits" if hit else "misses": 1, "lookups": 1, "lookup_ns": lookup_ns})
-        if found is not None and hit:
+        if found is not None and found.error is not None:
+            found = None  # never stored; read as a miss
+        self._count_cache(
+            {"hits" if found is not None else "misses": 1, "lookups": 1, "lookup_ns": lookup_ns}
+        )
+        if found is not None:
             outer.set_result(dataclasses.replace(found, request_id=message.request_id))
             self._count(
                 message,
@@ -195,36 +198,30 @@ class ResponseCache:
 
     def _count_cache(self, counts: dict[str, int]) -> None:
         """Add ``counts`` to the cache's own counters (Triton's ``nv_cache_*`` gauges)."""
-
-        async def write() -> None:
-            calls = [self._connection.call("HINCRBY", self._stats, k, n) for k, n in counts.items()]
-            try:
-                await asyncio.gather(*calls)
-            except redis.exceptions.RedisError as exc:
-                logger.debug("response cache counters not written: %s", exc)
-
-        self._spawn(write())
+        self._spawn(self._run([("HINCRBY", self._stats, k, n) for k, n in counts.items()]))
 
     async def _write_counts(self, message: InferRequestMessage, counts: dict[str, int]) -> None:
-        """Add ``counts`` to the version's gateway statistics hash (queued together: one
-        write with this loop iteration's other commands)."""
+        """Add ``counts`` to the version's gateway statistics hash; a hit (it counts a
+        success) also goes into the latency summaries, which include cached requests
+        (Triton): its end-to-end time is its lookup, its queue time 0."""
         key = self._keys.stats(message.model, message.version)
-        calls = [self._connection.call("HINCRBY", key, name, n) for name, n in counts.items()]
-        if "success_count" in counts:  # a hit: not a model inference (no last_inference)
+        commands: list[tuple[object, ...]] = [
+            ("HINCRBY", key, name, n) for name, n in counts.items()
+        ]
+        if "success_count" in counts:  # not a model inference: no last_inference
             now_ns = time.time_ns()
-            # the latency summaries include cached requests (Triton): a hit's end-to-end
-            # time is its lookup, its queue time 0
-            window = bucket_key(self._keys.latency_window(message.model, message.version), now_ns)
-            request_bin = f"request:{bin_floor(counts['success_ns'] // 1000)}"
-            calls += [
-                self._connection.call("HINCRBY", window, request_bin, 1),
-                self._connection.call("HINCRBY", window, "queue:0", 1),
-                self._connection.call("EXPIRE", window, KEY_TTL_S),
-            ]
+            hit = LatencyRecorder(self._keys.latency_window(message.model, message.version))
+            hit.observe("request", counts["success_ns"] // 1000, now_ns)
+            hit.observe("queue", 0, now_ns)
+            commands += hit.flush(now_ns, force=True)
+        await self._run(commands)
+
+    async def _run(self, commands: list[tuple[object, ...]]) -> None:
+        """Counters: a Redis that fails them only loses them."""
         try:
-            await asyncio.gather(*calls)
+            await self._connection.run_all(commands)
         except redis.exceptions.RedisError as exc:
-            logger.debug("response cache statistics not written: %s", exc)
+            logger.debug("response cache counters not written: %s", exc)
 
     def _spawn(self, work: object) -> None:
         task = asyncio.ensure_future(work)  # type: ignore[arg-type]

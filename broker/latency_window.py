@@ -94,6 +94,15 @@ class LatencyRecorder:
         self._pending = False
         self._since_ns = 0
 
+    def observe(self, kind: str, us: int, now_ns: int) -> None:
+        """One observation of ``kind`` (one of :data:`KINDS`), in µs."""
+        if not self._pending:
+            self._pending = True
+            self._since_ns = now_ns
+        bins = self._bins[KINDS.index(kind)]
+        floor = bin_floor(us)
+        bins[floor] = bins.get(floor, 0) + 1
+
     def observe_batch(
         self,
         request_us: Sequence[int],
@@ -149,19 +158,24 @@ class LatencyRecorder:
 
 def bucket_key(key_prefix: str, now_ns: int) -> str:
     """The hash of the age bucket that holds wall-clock time ``now_ns``."""
-    return f"{key_prefix}{now_ns // 1_000_000_000 // AGE_BUCKET_S}"
+    return _recent_keys(key_prefix, now_ns, 1)[0]
+
+
+def _recent_keys(key_prefix: str, now_ns: int, count: int) -> list[str]:
+    """The hashes of the ``count`` age buckets up to the one holding ``now_ns``, newest
+    first."""
+    current = now_ns // 1_000_000_000 // AGE_BUCKET_S
+    return [f"{key_prefix}{current - age}" for age in range(count)]
 
 
 def live_bucket_keys(key_prefix: str, now_ns: int) -> list[str]:
     """Every bucket hash that may still exist at ``now_ns`` (not yet expired)."""
-    current = now_ns // 1_000_000_000 // AGE_BUCKET_S
-    return [f"{key_prefix}{current - age}" for age in range(KEY_TTL_S // AGE_BUCKET_S + 2)]
+    return _recent_keys(key_prefix, now_ns, KEY_TTL_S // AGE_BUCKET_S + 2)
 
 
-def window_keys(key_prefix: str, now_s: float) -> list[str]:
-    """The hashes of the window ending at ``now_s`` (s since the epoch), newest first."""
-    current = int(now_s) // AGE_BUCKET_S
-    return [f"{key_prefix}{current - age}" for age in range(AGE_BUCKETS)]
+def window_keys(key_prefix: str, now_ns: int) -> list[str]:
+    """The hashes of the window ending at ``now_ns`` (wall-clock ns), newest first."""
+    return _recent_keys(key_prefix, now_ns, AGE_BUCKETS)
 
 
 def merge_windows(

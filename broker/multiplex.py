@@ -111,6 +111,15 @@ class MultiplexedConnection:
             self._send()
         return future
 
+    async def run_all(self, commands: Sequence[Sequence[object]]) -> list[Any]:
+        """Queue every command (one write with this loop iteration's others) and await
+        their replies, in order.
+
+        Raises:
+            redis.exceptions.RedisError: as :meth:`call`, the first failure.
+        """
+        return list(await asyncio.gather(*(self.call(*command) for command in commands)))
+
     async def script(self, script: Script, keys: list[str], args: list[object]) -> Any:
         """Run ``script`` with ``EVALSHA``, loading it first if Redis does not know it.
 

@@ -103,8 +103,8 @@ def request_digest(
         text(tensor.name)
         text(tensor.datatype)
         digest.update(struct.pack(f"<I{len(tensor.shape)}q", len(tensor.shape), *tensor.shape))
-        data = bytes(tensor.data) if not isinstance(tensor.data, bytes) else tensor.data
-        digest.update(struct.pack("<Q", len(data)))
+        data = memoryview(tensor.data).cast("B")  # hashed in place, not copied
+        digest.update(struct.pack("<Q", data.nbytes))
         digest.update(data)
     digest.update(struct.pack("<I", len(outputs)))
     for name in outputs:

@@ -9,7 +9,6 @@ acknowledged (``pending``, the consumer group's pending count).
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +19,7 @@ from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 from broker.keys import WORKER_GROUP, KeySchema
 from broker.latency_window import AGE_BUCKETS, merge_windows, window_keys
-from broker.model_store import AsyncModelStore, ModelState, count_live
+from broker.model_store import AsyncModelStore, ModelState, VersionState, count_live
 from broker.scheduling import StreamLayout, scheduling_policy
 from broker.stats_store import VersionStats, read_stats
 
@@ -83,23 +82,22 @@ class VersionSample:
         return self.state == ModelState.READY.value
 
 
-def _streams(keys: KeySchema, model: str, version: int, config_json: str) -> list[str]:
+def _parse_config(config_raw: bytes | None) -> ModelConfig | None:
+    """A published config (protobuf JSON); None when missing or unreadable."""
     try:
-        config = json_format.Parse(config_json, ModelConfig(), ignore_unknown_fields=True)
-        policy = scheduling_policy(config)
+        return json_format.Parse(config_raw or b"{}", ModelConfig(), ignore_unknown_fields=True)
     except Exception:
+        return None
+
+
+def _streams(keys: KeySchema, model: str, version: int, config: ModelConfig | None) -> list[str]:
+    try:
+        policy = scheduling_policy(config) if config is not None else None
+    except Exception:
+        policy = None
+    if policy is None:
         return [keys.queue(model, version)]
     return StreamLayout(keys, model, version, policy).streams()
-
-
-def _cache_enabled(config_raw: bytes | None) -> bool:
-    """Whether a published config (protobuf JSON) has ``response_cache { enable: true }``."""
-    try:
-        config = json.loads(config_raw or b"{}")
-    except ValueError:
-        return False
-    cache = config.get("responseCache") or config.get("response_cache") or {}
-    return isinstance(cache, dict) and cache.get("enable") is True
 
 
 def _field(entry: dict[Any, Any], name: str) -> Any:
@@ -136,17 +134,18 @@ async def read_versions(
     cached_models: set[str] = set()
     for i, name in enumerate(names):
         config_raw, states_raw = raw[2 * i], raw[2 * i + 1]
-        if _cache_enabled(config_raw):
+        config = _parse_config(config_raw)
+        if config is not None and config.response_cache.enable:
             cached_models.add(name)
         for version_raw, state_raw in states_raw.items():
-            state = json.loads(state_raw)
+            state = VersionState.from_json(state_raw)
             version = int(version_raw)
-            if ready_only and state.get("state") != ModelState.READY.value:
+            if ready_only and state.state is not ModelState.READY:
                 continue
-            streams = _streams(keys, name, version, (config_raw or b"{}").decode())
-            if isinstance(state.get("load_s"), int | float):
-                load_secs[(name, version)] = float(state["load_s"])
-            found.append((name, version, state.get("state", ""), state.get("reason", ""), streams))
+            streams = _streams(keys, name, version, config)
+            if state.load_s is not None:
+                load_secs[(name, version)] = state.load_s
+            found.append((name, version, state.state.value, state.reason, streams))
     found.sort(key=lambda f: (f[0], f[1]))
 
     ready = [f for f in found if f[2] == ModelState.READY.value]
@@ -159,7 +158,7 @@ async def read_versions(
                 pipe.xinfo_groups(stream)
                 pipe.xlen(stream)
             if latencies:
-                for key in window_keys(keys.latency_window(name, version), now_ns / 1e9):
+                for key in window_keys(keys.latency_window(name, version), now_ns):
                     pipe.hgetall(key)
         replies = await pipe.execute(raise_on_error=False) if ready else []
 
