@@ -9,7 +9,7 @@ load (binary tensors), Triton then Sluice, ``--pairs`` times. Each pair's ratio
 (Sluice's infer/s over Triton's) is measured minutes apart at most, so drift mostly
 cancels; it prints every run, each pair's ratio and the median ratio, and per run the
 server's CPU per request (µs, its process tree; Sluice's Redis apart) and how busy the
-machine was (%).
+machine was (%), and each server's mean batch size over the run (its statistics).
 
   .venv/bin/python benchmarks/bench_pairs.py                        # MLP, c=32, 5 pairs
   .venv/bin/python benchmarks/bench_pairs.py --model identity_fp32 --conc 1 --pairs 7
@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -68,6 +69,28 @@ def _wrk(args: argparse.Namespace, port: int, pid: int, label: str, jsonl: Path)
     return json.loads(jsonl.read_text().splitlines()[-1])
 
 
+def _counts(port: int, model: str) -> tuple[int, int]:
+    """(inference_count, execution_count) of ``model`` from the server's statistics
+    extension (both servers speak it); their deltas over a run give the mean batch size."""
+    url = f"http://127.0.0.1:{port}/v2/models/{model}/stats"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        stats = json.load(reply)["model_stats"]
+    return (
+        sum(int(s.get("inference_count", 0)) for s in stats),
+        sum(int(s.get("execution_count", 0)) for s in stats),
+    )
+
+
+def _run(args: argparse.Namespace, port: int, pid: int, label: str, jsonl: Path) -> dict:
+    """:func:`_wrk` with the run's mean batch size (inferences per execution, warm-up
+    included) added as ``batch``."""
+    before = _counts(port, args.model)
+    row = _wrk(args, port, pid, label, jsonl)
+    after = _counts(port, args.model)
+    row["batch"] = round((after[0] - before[0]) / max(1, after[1] - before[1]), 1)
+    return row
+
+
 def measure(args: argparse.Namespace, out: Path) -> list[tuple[dict, dict]]:
     """Start both servers, run the pairs, stop both; returns (Triton row, Sluice row) pairs.
 
@@ -100,9 +123,9 @@ def measure(args: argparse.Namespace, out: Path) -> list[tuple[dict, dict]]:
         )  # fmt: skip
         tick = os.sysconf("SC_CLK_TCK")
         for index in range(args.pairs):
-            row_t = _wrk(args, args.triton_port, triton.pid, "triton", out / "runs.jsonl")
+            row_t = _run(args, args.triton_port, triton.pid, "triton", out / "runs.jsonl")
             redis0 = redis_cpu_ticks(private.pid)
-            row_s = _wrk(args, args.sluice_port, sluice.pid, "sluice", out / "runs.jsonl")
+            row_s = _run(args, args.sluice_port, sluice.pid, "sluice", out / "runs.jsonl")
             redis_s = (redis_cpu_ticks(private.pid) - redis0) / tick
             # Redis's CPU spans the warm-up too: per request of both, by the run's rate
             total = row_s["requests"] * (args.duration + args.warmup) / args.duration
@@ -125,18 +148,19 @@ def measure(args: argparse.Namespace, out: Path) -> list[tuple[dict, dict]]:
 def report(pairs: list[tuple[dict, dict]], args: argparse.Namespace) -> float:
     """Print the table and the median ratio; returns the median ratio."""
     print(f"\n{args.model} c={args.conc}, wrk over HTTP, binary tensors, {args.duration} s runs")
-    print("| pair | Triton infer/s | p50 µs | CPU µs/req | busy % | Sluice infer/s | p50 µs "
-          "| CPU µs/req | Redis µs/req | busy % | ratio |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| pair | Triton infer/s | p50 µs | CPU µs/req | busy % | batch | Sluice infer/s "
+          "| p50 µs | CPU µs/req | Redis µs/req | busy % | batch | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     ratios = []
     for index, (t, s) in enumerate(pairs, 1):
         ratio = s["infer_per_s"] / t["infer_per_s"]
         ratios.append(ratio)
         print(
             f"| {index} | {t['infer_per_s']:.0f} | {t['p50_us']:.0f} | "
-            f"{t['server_cpu_us_per_req']} | {t['machine_cpu_busy_pct']} | "
+            f"{t['server_cpu_us_per_req']} | {t['machine_cpu_busy_pct']} | {t['batch']} | "
             f"{s['infer_per_s']:.0f} | {s['p50_us']:.0f} | {s['server_cpu_us_per_req']} | "
-            f"{s['redis_cpu_us_per_req']} | {s['machine_cpu_busy_pct']} | {ratio:.2f} |"
+            f"{s['redis_cpu_us_per_req']} | {s['machine_cpu_busy_pct']} | {s['batch']} | "
+            f"{ratio:.2f} |"
         )
     median = statistics.median(ratios)
     print(

@@ -9,6 +9,11 @@ model at 32 clients over wrk: 5.6k infer/s with one write, 5.0-5.3k with two; at
 hands uvicorn a transport whose ``write`` collects what one event-loop iteration
 writes to a connection and sends it with one ``writelines`` (one ``writev``) at
 the start of the next.
+
+Infer answers are written the same way (:func:`api.http.infer.write_response`): the
+answers of one executed batch reach the gateway in one read from Redis, are encoded
+one after another, then leave back to back, so the client is woken once for the burst
+rather than once per answer.
 """
 
 from __future__ import annotations
@@ -49,7 +54,8 @@ class CoalescingTransport:
             self._pending.append(data)
 
     def write_now(self, data: bytes) -> None:
-        """Send ``data`` at once, after anything pending (a response written whole)."""
+        """Send ``data`` at once, after anything pending (an answer followed by a
+        ``write_eof``)."""
         if self._pending is not None:
             self._pending.append(data)
             self.flush()
