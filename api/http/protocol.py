@@ -305,9 +305,14 @@ class HttpProtocol(CoalescingHttpToolsProtocol):
     def eof_received(self) -> bool | None:  # type: ignore[override]
         """The peer sent EOF. True (keep the transport open for writing) while the
         newest request was read whole and is not answered yet; that request then ends
-        the connection (``keep_alive`` off). None lets asyncio close the transport."""
+        the connection (``keep_alive`` off). None lets asyncio close the transport,
+        after what the :class:`CoalescingTransport` still holds was handed to it (an
+        answer written in this loop iteration; the transport's close sends it first)."""
         cycle = self.cycle
         if cycle is None or cycle.response_complete or cycle.more_body:
+            transport: Any = self.transport
+            if isinstance(transport, CoalescingTransport):
+                transport.flush()
             return None
         cycle.keep_alive = False
         return True
