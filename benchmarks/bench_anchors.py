@@ -77,6 +77,18 @@ def proc_table() -> dict[int, tuple[str, int, int]]:
     return table
 
 
+def model_counts(address: str, model: str) -> tuple[int, int]:
+    """(inference_count, execution_count) of ``model``, all versions, from the statistics
+    extension of the server at ``address`` (``host:port``; Sluice and Triton both speak
+    it). Their deltas over a run give its mean batch size."""
+    with urllib.request.urlopen(f"http://{address}/v2/models/{model}/stats", timeout=10) as reply:
+        stats = json.load(reply)["model_stats"]
+    return (
+        sum(int(s.get("inference_count", 0)) for s in stats),
+        sum(int(s.get("execution_count", 0)) for s in stats),
+    )
+
+
 def redis_cpu_ticks(pid: int | None = None) -> int:
     """utime+stime (clock ticks) of redis-server ``pid``, or of every redis-server
     process on the machine when ``pid`` is None."""

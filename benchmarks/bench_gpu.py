@@ -45,7 +45,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench_anchors import redis_cpu_ticks, tree_cpu_ticks  # noqa: E402
+from bench_anchors import model_counts, redis_cpu_ticks, tree_cpu_ticks  # noqa: E402
 
 from broker.redis_server import (  # noqa: E402
     delete_prefix,
@@ -145,15 +145,6 @@ class GpuUtilization(threading.Thread):
         return float(np.mean(self.samples)) if self.samples else float("nan")
 
 
-def _counts(url: str) -> tuple[int, int]:
-    """(inference_count, execution_count) of the model, from the statistics extension."""
-    import requests
-
-    stats = requests.get(f"http://{url}/v2/models/{MODEL}/stats", timeout=10).json()
-    entry = stats["model_stats"][0]
-    return int(entry["inference_count"]), int(entry["execution_count"])
-
-
 def drive(
     url: str, concurrency: int, duration_s: float, warmup_s: float, reference: Any, pid: int
 ) -> dict[str, float]:
@@ -171,13 +162,13 @@ def drive(
     for proc in procs:
         proc.start()
     time.sleep(max(0.0, start_at - time.monotonic()))
-    counts0 = _counts(url)
+    counts0 = model_counts(url, MODEL)
     ticks0 = tree_cpu_ticks(pid) + redis_cpu_ticks()
     gpu = GpuUtilization()
     gpu.start()
     time.sleep(max(0.0, end_at - time.monotonic()))
     ticks1 = tree_cpu_ticks(pid) + redis_cpu_ticks()
-    counts1 = _counts(url)
+    counts1 = model_counts(url, MODEL)
     utilization = gpu.stop()
     latencies: list[float] = []
     errors = 0

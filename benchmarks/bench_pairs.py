@@ -28,7 +28,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -39,6 +38,7 @@ from bench_anchors import (
     ANCHORS,
     BENCH,
     ROOT,
+    model_counts,
     redis_cpu_ticks,
     start_server,
     stop_server,
@@ -69,24 +69,12 @@ def _wrk(args: argparse.Namespace, port: int, pid: int, label: str, jsonl: Path)
     return json.loads(jsonl.read_text().splitlines()[-1])
 
 
-def _counts(port: int, model: str) -> tuple[int, int]:
-    """(inference_count, execution_count) of ``model`` from the server's statistics
-    extension (both servers speak it); their deltas over a run give the mean batch size."""
-    url = f"http://127.0.0.1:{port}/v2/models/{model}/stats"
-    with urllib.request.urlopen(url, timeout=10) as reply:
-        stats = json.load(reply)["model_stats"]
-    return (
-        sum(int(s.get("inference_count", 0)) for s in stats),
-        sum(int(s.get("execution_count", 0)) for s in stats),
-    )
-
-
 def _run(args: argparse.Namespace, port: int, pid: int, label: str, jsonl: Path) -> dict:
     """:func:`_wrk` with the run's mean batch size (inferences per execution, warm-up
     included) added as ``batch``."""
-    before = _counts(port, args.model)
+    before = model_counts(f"127.0.0.1:{port}", args.model)
     row = _wrk(args, port, pid, label, jsonl)
-    after = _counts(port, args.model)
+    after = model_counts(f"127.0.0.1:{port}", args.model)
     row["batch"] = round((after[0] - before[0]) / max(1, after[1] - before[1]), 1)
     return row
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import random
 import socket
+import threading
+import time
 
 import pytest
 import requests
@@ -184,10 +187,6 @@ def test_half_close_racing_the_answer_still_gets_it(server) -> None:
     iteration as the answer is written; the answer still arrives whole before the
     close. (An answer waiting for the end of the iteration was dropped when the
     transport closed for the EOF first: ~3% of such connections lost theirs.)"""
-    import random
-    import threading
-    import time
-
     lost: list[str] = []
     answered = [0]
     lock = threading.Lock()
