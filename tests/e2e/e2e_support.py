@@ -137,6 +137,7 @@ def load_module(relative_path: str, name: str) -> object:
     spec = importlib.util.spec_from_file_location(name, ROOT / relative_path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
