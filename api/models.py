@@ -70,8 +70,12 @@ class ModelView:
         """The version a request for ``version`` (None = policy default) runs on.
 
         Raises:
-            SluiceError: NOT_FOUND for an unknown version or none available;
-                UNAVAILABLE for a version that is loading or unloading.
+            SluiceError: NOT_FOUND for a version the model does not have or, with
+                ``version`` None, none READY; UNAVAILABLE "is not at ready state" for a
+                version it has that is not READY (loading, unloading, unloaded, failed).
+                Triton core ``ModelLifeCycle::GetModel``: a version in its map answers
+                UNAVAILABLE unless READY; an unloaded version stays in the map (the
+                repository index lists it UNAVAILABLE).
         """
         if version is None:
             ready = self.ready_versions()
@@ -83,7 +87,7 @@ class ModelView:
                 )
             return ready[-1]
         state = self.versions.get(version)
-        if state is None or state.state in (ModelState.UNAVAILABLE, ModelState.UNKNOWN):
+        if state is None:
             raise SluiceError(
                 ErrorCode.NOT_FOUND,
                 f"Request for unknown model: '{self.name}' version {version} is not found",

@@ -16,6 +16,7 @@ from pathlib import Path
 import grpc
 
 from api.dataplane import DataPlane
+from api.grpc.health import add_health_servicer
 from api.grpc.registration import add_servicer
 from api.grpc.servicer import build_servicer
 from api.settings import GrpcSettings
@@ -107,6 +108,7 @@ class GrpcFrontEnd:
             compress_infer=settings.infer_response_compression_level != "none",
         )
         add_servicer(servicer, self.server)
+        add_health_servicer(dataplane, self.server)
         address = f"{settings.address}:{settings.port}"
         if settings.use_ssl or settings.use_ssl_mutual:
             self.port = self.server.add_secure_port(address, _credentials(settings))

@@ -36,4 +36,11 @@ def create_metrics_app(service: MetricsService) -> Starlette:
             return PlainTextResponse(f"broker unavailable: {exc}\n", status_code=503)
         return Response(body, media_type=None, headers={"Content-Type": CONTENT_TYPE})
 
-    return Starlette(routes=[Route("/metrics", metrics, methods=["GET"])])
+    # Triton answers ``/metrics`` and ``/metrics/`` alike (PROTOCOL.md 0), without a
+    # redirect that a scraper may not follow
+    return Starlette(
+        routes=[
+            Route("/metrics", metrics, methods=["GET"]),
+            Route("/metrics/", metrics, methods=["GET"]),
+        ]
+    )

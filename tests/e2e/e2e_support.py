@@ -131,6 +131,19 @@ def build_autocomplete(repo: Path) -> None:
     _save(helper.make_model(graph, opset_imports=OPSET), repo / "auto_onnx/1/model.onnx")
 
 
+def grpc_health_status(grpc_url: str) -> str:
+    """The ``grpc.health.v1.Health/Check`` answer of the server at ``grpc_url``
+    (``host:port``) for the empty service name: ``"SERVING"``, ``"NOT_SERVING"``, ..."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(grpc_url) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=10
+        )
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
 def load_module(relative_path: str, name: str) -> object:
     """A script of the repository that is not in a package (``examples/``,
     ``benchmarks/``), loaded as module ``name``."""

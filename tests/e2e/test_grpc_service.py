@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import requests
+from e2e_support import grpc_health_status
 from google.protobuf import json_format
 from tritonclient.utils import InferenceServerException
 
@@ -16,9 +17,11 @@ def _raises(call, *args, **kwargs) -> InferenceServerException:
     return info.value
 
 
-def test_health(grpc_client) -> None:
+def test_health(grpc_client, server) -> None:
     assert grpc_client.is_server_live() is True
     assert grpc_client.is_server_ready() is True
+    # Triton also serves the standard grpc.health.v1 service (Kubernetes gRPC probes)
+    assert grpc_health_status(server.grpc_url) == "SERVING"
     assert grpc_client.is_model_ready("add_sub") is True
     assert grpc_client.is_model_ready("versioned", "1") is True
     # Triton 2.51 answers an unknown model or version "not ready", not an error

@@ -99,6 +99,10 @@ def test_metrics_endpoint_answers_get_only(server) -> None:
     base = server.metrics_url
     assert requests.post(base, timeout=5).status_code == 405
     assert requests.get(base.replace("/metrics", "/other"), timeout=5).status_code == 404
+    # the trailing slash is answered as Triton does: 200 at once, not a redirect
+    slash = requests.get(base + "/", timeout=5, allow_redirects=False)
+    assert slash.status_code == 200, slash.headers
+    assert "nv_inference_count" in slash.text
 
 
 def _counters(metrics: Scrape, model: str) -> dict[str, float]:

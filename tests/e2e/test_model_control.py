@@ -100,6 +100,25 @@ def test_http_load_and_unload(explicit_server: Server) -> None:
     with pytest.raises(InferenceServerException) as info:
         client.infer("batch_scale", _scale_input(1.0))
     assert info.value.status() == "404"
+    assert info.value.message() == (
+        "Request for unknown model: 'batch_scale' has no available versions"
+    )
+    # the unloaded version itself is known and not ready: 503, as Triton's
+    # ModelLifeCycle::GetModel answers a version in its map that is not READY
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("batch_scale", _scale_input(1.0), model_version="1")
+    assert info.value.status() == "503"
+    assert info.value.message() == (
+        "Request for unknown model: 'batch_scale' version 1 is not at ready state"
+    )
+    ready = requests.get(
+        f"http://{explicit_server.http_url}/v2/models/batch_scale/versions/1/ready", timeout=10
+    )
+    assert ready.status_code == 503
+    # a version the model never had is still not found
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("batch_scale", _scale_input(1.0), model_version="7")
+    assert info.value.status() == "404"
     # loaded again, it starts from zero, as Triton's new model (statistics and metrics)
     client.load_model("batch_scale")
     stats = client.get_inference_statistics("batch_scale")["model_stats"][0]

@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 import requests
 import tritonclient.http as httpclient
-from e2e_support import children_of, start_gateway, start_server, stop_server, wait_server_ready
+from e2e_support import (
+    children_of,
+    grpc_health_status,
+    start_gateway,
+    start_server,
+    stop_server,
+    wait_server_ready,
+)
 from tritonclient.utils import InferenceServerException
 
 from broker.redis_server import start_private_redis
@@ -102,6 +109,8 @@ def test_broken_models_reported_while_others_serve(model_repository, redis_url, 
         assert not client.is_server_ready()
         raw = requests.get(f"{server.base}/v2/health/ready", timeout=5)
         assert (raw.status_code, raw.content) == (400, b"")
+        # the standard gRPC health service says the same (Triton: SERVING iff ready)
+        assert grpc_health_status(server.grpc_url) == "NOT_SERVING"
         assert client.is_model_ready("add_sub")
         assert not client.is_model_ready("broken")
         client.close()  # tritonclient.http is gevent-based: never leave one to the GC
