@@ -11,8 +11,11 @@ README for ``Tensor``, ``InferenceRequest``, ``InferenceResponse``,
 This module imports only the standard library and numpy, because it is what
 user model code imports.
 
+BF16 tensors behave as Triton's: ``as_numpy`` raises (numpy has no bfloat16), and
+``to_dlpack`` / ``from_dlpack`` exchange them with torch (imported only then).
+
 Left out for now: decoupled models (``get_response_sender`` raises), GPU
-tensors (every tensor is a CPU numpy array), BF16 tensors, request
+tensors (every tensor is a CPU numpy array), request
 cancellation (``is_cancelled`` is always False) and the metrics API.
 """
 
@@ -96,6 +99,13 @@ _TRITON_TO_NUMPY: dict[int, Any] = {
     13: np.object_,
 }
 _BYTES_TYPE = 13
+#: TRITONSERVER_TYPE_BF16; such data is held as an ``ml_dtypes.bfloat16`` array (the
+#: worker's wire type) or as its raw 16-bit patterns.
+_BF16_TYPE = 14
+_BF16_AS_NUMPY = (
+    "Tensor dtype is BF16 and cannot be converted to numpy. Use to_dlpack() and "
+    "from_dlpack() instead."
+)
 _NUMPY_TO_TRITON: dict[np.dtype, int] = {
     np.dtype(t): code for code, t in _TRITON_TO_NUMPY.items() if code != _BYTES_TYPE
 }
@@ -122,6 +132,8 @@ def numpy_to_triton_type(data_type: Any) -> int | None:
         return None
     if dtype.kind in "OSU":
         return _BYTES_TYPE
+    if dtype.name == "bfloat16":  # ml_dtypes' type (what tritonclient uses for BF16)
+        return _BF16_TYPE
     return _NUMPY_TO_TRITON.get(dtype.newbyteorder("=") if dtype.byteorder != "|" else dtype)
 
 
@@ -226,6 +238,32 @@ class TritonError:
         return f"TritonError({self._message!r}, code={self.code_name()})"
 
 
+def _torch(name: str) -> Any:
+    """torch, imported for a BF16 DLPack exchange.
+
+    Raises:
+        TritonModelException: torch is not installed in the worker's environment.
+    """
+    try:
+        import torch
+    except ImportError as exc:
+        raise TritonModelException(
+            f"Tensor '{name}': BF16 tensors are exchanged through DLPack with torch, which "
+            "is not installed"
+        ) from exc
+    return torch
+
+
+def _bf16_view(bits: np.ndarray) -> np.ndarray:
+    """16-bit patterns as an ``ml_dtypes.bfloat16`` array when ml_dtypes is there (the
+    worker's wire type), else as they are."""
+    try:
+        from ml_dtypes import bfloat16
+    except ImportError:
+        return bits
+    return bits.view(bfloat16)
+
+
 class _DLPackCapsule:
     """Wraps a raw DLPack capsule so ``np.from_dlpack`` can consume it (CPU only)."""
 
@@ -268,7 +306,18 @@ class Tensor:
         return self._name
 
     def as_numpy(self) -> np.ndarray:
-        """The data as a numpy array (no copy)."""
+        """The data as a numpy array (no copy).
+
+        Raises:
+            TritonModelException: a BF16 tensor (python_backend: numpy has no bfloat16;
+                use :meth:`to_dlpack`).
+        """
+        if self._triton_dtype == _BF16_TYPE:
+            raise TritonModelException(_BF16_AS_NUMPY)
+        return self._array
+
+    def _data(self) -> np.ndarray:
+        """The data whatever its type (the worker's view; BF16 included)."""
         return self._array
 
     def shape(self) -> list[int]:
@@ -293,6 +342,10 @@ class Tensor:
             raise TritonModelException(
                 f"Tensor '{self._name}': BYTES tensors cannot be converted to DLPack"
             )
+        if self._triton_dtype == _BF16_TYPE:
+            torch = _torch(self._name)
+            bits = np.ascontiguousarray(self._array).view(np.int16)
+            return torch.utils.dlpack.to_dlpack(torch.from_numpy(bits).view(torch.bfloat16))
         return self._array.__dlpack__()
 
     @staticmethod
@@ -306,11 +359,36 @@ class Tensor:
         try:
             array = np.from_dlpack(source)
         except (TypeError, ValueError, RuntimeError, BufferError) as exc:
+            if "dtype" in str(exc).lower():  # numpy has no bfloat16: torch reads it
+                return Tensor._from_bf16_dlpack(name, dlpack)
             raise TritonModelException(
                 f"Tensor '{name}': cannot read DLPack data ({exc}); "
                 "Sluice supports CPU tensors only"
             ) from exc
         return Tensor(name, array)
+
+    @staticmethod
+    def _from_bf16_dlpack(name: str, dlpack: Any) -> Tensor:
+        """A BF16 tensor from DLPack data numpy cannot read (read through torch, copied).
+
+        Raises:
+            TritonModelException: torch is missing, or the data is not BF16 on the CPU.
+        """
+        torch = _torch(name)
+        try:
+            data = torch.utils.dlpack.from_dlpack(dlpack)
+        except (TypeError, ValueError, RuntimeError, BufferError) as exc:
+            raise TritonModelException(f"Tensor '{name}': cannot read DLPack data ({exc})") from exc
+        if data.dtype != torch.bfloat16 or data.device.type != "cpu":
+            raise TritonModelException(
+                f"Tensor '{name}': DLPack data of dtype {data.dtype} on {data.device} that "
+                "numpy cannot read; Sluice supports CPU tensors only"
+            )
+        bits = data.contiguous().view(torch.int16).numpy().copy()
+        tensor = Tensor(name, bits)
+        tensor._array = _bf16_view(bits)
+        tensor._triton_dtype = _BF16_TYPE
+        return tensor
 
     def __repr__(self) -> str:
         return f"Tensor({self._name!r}, shape={self.shape()}, dtype={self._array.dtype})"

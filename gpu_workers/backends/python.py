@@ -29,6 +29,7 @@ from google.protobuf import json_format
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
 
 import triton_python_backend_utils as pb_utils
+from broker.datatypes import NUMPY_DTYPES
 from gpu_workers.backends.base import InferError, InferRequest, InferResponse, InstanceContext
 from repository.render import config_to_json
 
@@ -193,7 +194,8 @@ class _OutputSpec:
         type_name = DataType.Name(data_type)
         self.bytes = type_name == "TYPE_STRING"
         numpy_type = None if self.bytes else pb_utils.triton_to_numpy_type(type_name)
-        # None: a type numpy cannot name here (BF16); passed through as produced.
+        if type_name == "TYPE_BF16":  # ml_dtypes' bfloat16, the wire type (None without it)
+            numpy_type = NUMPY_DTYPES.get("BF16")
         self.dtype: np.dtype | None = None if numpy_type is None else np.dtype(numpy_type)
         self.dims = dims
         self.reshaped = reshaped
@@ -238,7 +240,7 @@ def from_pb_response(
             )
         if wanted and name not in wanted:
             continue
-        array = np.asarray(tensor.as_numpy())
+        array = np.asarray(tensor._data())  # as_numpy() refuses BF16, as Triton's
         if spec.reshaped:
             array = array.reshape((array.shape[0], *spec.dims) if batching else spec.dims)
         if spec.bytes:

@@ -191,3 +191,20 @@ def test_identity_optional_inputs(client: tuple[Any, ModuleType, str]) -> None:
     )
     assert only_bool.as_numpy("OUT_BOOL").tolist() == [True, False]
     assert only_bool.as_numpy("OUT_INT16") is None
+
+
+def test_bf16_through_dlpack_as_triton(client: tuple[Any, ModuleType, str]) -> None:
+    """A BF16 input reaches the model; ``as_numpy`` refuses it with Triton's text, and
+    ``to_dlpack``/``from_dlpack`` carry it to torch and back as BF16 (Triton's
+    python_backend BF16 example)."""
+    pytest.importorskip("torch")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    instance, module, _ = client
+    data = np.array([[1.5, -2.0, 3.0], [0.25, 100.0, -0.5]], dtype=ml_dtypes.bfloat16)
+    result = instance.infer("bf16_double", [_input(module, "INPUT0", data, "BF16")])
+    doubled = result.as_numpy("OUTPUT0")
+    assert doubled.dtype == ml_dtypes.bfloat16
+    assert doubled.astype(np.float32).tolist() == [[3.0, -4.0, 6.0], [0.5, 200.0, -1.0]]
+    errors = result.as_numpy("AS_NUMPY_ERROR")
+    assert errors.shape == (2, 1)
+    assert b"tensor dtype is bf16 and cannot be converted to numpy" in errors[0, 0].lower()
