@@ -29,15 +29,13 @@ from api.grpc.codec import (
 )
 from api.grpc.guard import REDIS_OUTAGE, RPC_GROUPS, guard_servicer, translate
 from api.repository_params import load_parameters, unload_dependents
+from api.shared_memory import SHM_DISABLED
 from broker.errors import ErrorCode, SluiceError
 
 __all__ = ["InferenceServicer", "build_servicer"]
 
 logger = logging.getLogger(__name__)
 
-SHM_DISABLED = (
-    "Client shared memory is disabled: this server does not implement the shared-memory extension"
-)
 #: most requests of one stream in flight at once (the reader waits beyond it).
 STREAM_WINDOW = 1024
 

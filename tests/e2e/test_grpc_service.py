@@ -127,6 +127,28 @@ def test_shared_memory_answered_as_disabled(grpc_client) -> None:
     assert err.status() == "StatusCode.UNIMPLEMENTED"
 
 
+def test_shared_memory_answered_alike_over_http(server) -> None:
+    """The HTTP endpoints answer as the gRPC ones: empty status, unregister succeeds,
+    register refused (501, the same text)."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        assert client.get_system_shared_memory_status() == []
+        assert client.get_system_shared_memory_status("r") == []
+        assert client.get_cuda_shared_memory_status() == []
+        client.unregister_system_shared_memory()
+        client.unregister_system_shared_memory("r")
+        client.unregister_cuda_shared_memory()
+        err = _raises(client.register_system_shared_memory, "r", "/key", 64)
+        assert err.status() == "501"
+        assert err.message().startswith("Client shared memory is disabled")
+        err = _raises(client.register_cuda_shared_memory, "r", b"\0" * 64, 0, 64)
+        assert err.status() == "501"
+    finally:
+        client.close()
+
+
 def test_trace_unimplemented(grpc_client) -> None:
     err = _raises(grpc_client.get_trace_settings)
     assert err.status() == "StatusCode.UNIMPLEMENTED"
