@@ -133,6 +133,10 @@ class InstanceLoop:
         )
         self._held: dict[str, _Held] = {}
         self._read_count = max(1, layout.policy.max_batch_size)
+        #: several priority levels (one stream each): a batch is formed only after a read
+        #: that followed the last execution (see :meth:`step`)
+        self._levels = len(layout.levels()) > 1
+        self._read_since_execution = False
         self._read_ns = READ_LEAD_START_NS  # see _poll
         self._oversleep_ns = 0  # see _sleep
         self.stopping = threading.Event()
@@ -218,10 +222,18 @@ class InstanceLoop:
         """One iteration: expire, run a ready batch, or read more (bounded wait)."""
         now = self._clock()
         self._expire(now)
+        if self._levels and self._held and not self._read_since_execution:
+            # Triton keeps one priority queue per model. A read takes at most a batch from
+            # each level's stream, so what this instance holds may be a lower level's
+            # request while a higher level's wait unread: read once more before choosing
+            # (it also sends the previous batch's answers)
+            self.admit(self._poll(max(1, self._read_count - len(self._held))))
+            now = self._clock()
         batch = self._batcher.take(now)
         if batch is not None:
             self._consumer.flush()  # the previous batch's replies go out before this one runs
             self._execute(batch)
+            self._read_since_execution = False
             return
         if self.housekeeping is not None:
             self.admit(self.housekeeping())
@@ -233,6 +245,7 @@ class InstanceLoop:
             # Nothing held: block until a request arrives (Redis wakes blocked readers at
             # once on XADD; only the timeout is coarse, so it is a heartbeat, not a delay).
             self.admit(self._consumer.read(count=room, block_ms=HEARTBEAT_MS))
+            self._read_since_execution = True
             return
         # Inside a delay window: Redis resolves BLOCK timeouts only on its own event-loop
         # ticks (up to 100 ms at hz 10), so poll without blocking and sleep locally.
@@ -277,6 +290,7 @@ class InstanceLoop:
         long one that finds nothing takes (a round trip), in ns."""
         started = time.perf_counter_ns()
         deliveries = self._consumer.read(count=room, block_ms=None)
+        self._read_since_execution = True
         if not deliveries:
             took = time.perf_counter_ns() - started
             self._read_ns = min(POLL_NS, max(READ_LEAD_MIN_NS, (7 * self._read_ns + took) // 8))

@@ -150,8 +150,19 @@ def test_delay_action_still_serves(server) -> None:
     client.close()
 
 
-def test_priority_request_overtakes(server) -> None:
-    """With the instance busy, a priority-1 request queued after priority-2 ones runs first."""
+@pytest.mark.parametrize(
+    ("queued", "expected"),
+    [
+        # a priority-1 request queued after priority-2 ones runs first
+        ([(1.0, 2), (2.0, 2), (3.0, 2), (9.0, 1)], [0.0, 9.0, 1.0, 2.0, 3.0]),
+        # a priority-2 request queued after priority-1 ones waits for all of them, also
+        # once the instance holds it (it reads each level's stream)
+        ([(1.0, 1), (2.0, 1), (3.0, 1), (9.0, 2)], [0.0, 1.0, 2.0, 3.0, 9.0]),
+    ],
+)
+def test_priority_order(server, queued: list[tuple[float, int]], expected: list[float]) -> None:
+    """With the instance busy (max_batch_size 1), queued requests run by priority level,
+    in arrival order within a level (Triton: one priority queue per model)."""
     finished: list[float] = []
     lock = threading.Lock()
 
@@ -173,15 +184,13 @@ def test_priority_request_overtakes(server) -> None:
     threads = [threading.Thread(target=send, args=(0.0, 2, 700))]
     threads[0].start()
     time.sleep(0.3)  # the instance is busy with the first request
-    for value in (1.0, 2.0, 3.0):
-        threads.append(threading.Thread(target=send, args=(value, 2, 30)))
+    for value, priority in queued:
+        threads.append(threading.Thread(target=send, args=(value, priority, 30)))
         threads[-1].start()
         time.sleep(0.03)
-    threads.append(threading.Thread(target=send, args=(9.0, 1, 30)))
-    threads[-1].start()
     for thread in threads:
         thread.join(30)
-    assert finished == [0.0, 9.0, 1.0, 2.0, 3.0]
+    assert finished == expected
 
 
 def test_killed_instance_loses_no_request(server) -> None:
