@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from threading import Event
 from types import FrameType
 
 import redis
@@ -25,7 +26,7 @@ from tritonclient.grpc.model_config_pb2 import ModelConfig
 from broker.consumer import StreamConsumer
 from broker.keys import KeySchema
 from broker.logs import LogOptions, configure_logging
-from broker.model_store import ModelStore
+from broker.model_store import ModelState, ModelStore
 from broker.scheduling import ShapeKeys, StreamLayout, scheduling_policy
 from broker.settings import RedisSettings
 from broker.stats_store import fold_stats_shards, open_stats_shard
@@ -179,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         "instance %s of model '%s' version %d is ready", args.instance, args.model, args.version
     )
     try:
-        loop.run()
+        if _await_publication(store, args, loop.stopping):
+            loop.run()
         _fold_stats(client, keys, args)
     finally:
         liveness.stop()
@@ -193,6 +195,35 @@ def main(argv: list[str] | None = None) -> int:
             consumer.close()
             client.close()
     return 0
+
+
+#: how often a READY instance looks for its load's publication, in s.
+PUBLICATION_POLL_S = 0.02
+
+
+def _await_publication(store: ModelStore, args: argparse.Namespace, stopping: Event) -> bool:
+    """Wait until the model manager has published this instance's load (the version READY
+    with ``--load-id``), which it does once every instance of the load is READY; only
+    then take requests. The instances of a reload that fails are stopped before that:
+    they never answer a request, and the old model keeps serving (Triton: a load that
+    fails serves nothing). An instance started without a load id does not wait.
+
+    Returns:
+        True once published; False when the instance was stopped first (a failed or
+        cancelled load, an unload, the server exiting). Redis errors while waiting are
+        retried at the next poll; the manager's load timeout bounds the wait.
+    """
+    if not args.load_id:
+        return True
+    while not stopping.is_set():
+        try:
+            state = store.get(args.model).versions.get(args.version)
+        except redis.exceptions.RedisError:
+            state = None
+        if state is not None and state.state is ModelState.READY and state.load_id == args.load_id:
+            return True
+        stopping.wait(PUBLICATION_POLL_S)
+    return False
 
 
 def _fold_stats(client: redis.Redis, keys: KeySchema, args: argparse.Namespace) -> None:

@@ -8,7 +8,8 @@ Redis so that every gateway answers alike:
   version policy selects. A version turns READY once all its instances are.
 * **reload** (a load of a model whose files or config changed) starts the new
   instances beside the old ones; only when all are ready is the new config
-  published and the old instances stopped. Old instances finish what they hold;
+  published and the old instances stopped (new instances take requests only once
+  it is: ``gpu_workers.main._await_publication``). Old instances finish what they hold;
   requests queued in Redis are taken by the new ones — none is dropped. A failed
   reload stops the new instances and leaves the old model serving.
 * **unload** marks the versions UNLOADING (gateways stop admitting), waits until

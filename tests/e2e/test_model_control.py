@@ -368,6 +368,75 @@ def test_failed_reload_keeps_the_old_model(explicit_server: Server) -> None:
     client.unload_model("batch_scale")
 
 
+TRIPLE_FAILING_SECOND = """
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        if args["model_instance_name"].endswith("_1") or "_1_g" in args["model_instance_name"]:
+            time.sleep(2)
+            raise RuntimeError("the second instance fails to initialize")
+
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() * 3),
+            ])
+            for r in requests
+        ]
+"""
+
+
+def test_a_failed_reload_answers_no_request(explicit_server: Server) -> None:
+    """The new instances of a reload take requests only once the whole reload is
+    published: one that fails (a second instance fails to initialize while the first is
+    READY) answers nothing with the new model, the old keeps serving (Triton: a load
+    that fails serves nothing)."""
+    client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
+    client.load_model("slow_pair")
+    config = client.get_model_config("slow_pair")
+    seen: dict[str, int] = {"old": 0, "new": 0, "error": 0}
+    stop = threading.Event()
+
+    def load() -> None:
+        worker = httpclient.InferenceServerClient(explicit_server.http_url)
+        try:
+            while not stop.is_set():
+                tensor = httpclient.InferInput("IN", [1, 1], "FP32")
+                tensor.set_data_from_numpy(np.array([[7.0]], np.float32))
+                try:
+                    out = worker.infer("slow_pair", [tensor]).as_numpy("OUT").tolist()
+                except InferenceServerException:
+                    seen["error"] += 1
+                    continue
+                seen["old" if out == [[7.0]] else "new" if out == [[21.0]] else "error"] += 1
+        finally:
+            worker.close()
+
+    thread = threading.Thread(target=load)
+    thread.start()
+    try:
+        time.sleep(0.5)
+        with pytest.raises(InferenceServerException) as info:
+            client.load_model(
+                "slow_pair",
+                config=json.dumps(config),
+                files={"file:1/model.py": TRIPLE_FAILING_SECOND.encode()},
+            )
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        thread.join(30)
+    assert "the second instance fails to initialize" in info.value.message()
+    assert seen["new"] == 0 and seen["error"] == 0, seen
+    assert seen["old"] > 20, seen
+    assert _index(client)[("slow_pair", "1")]["state"] == "READY"
+    client.unload_model("slow_pair")
+
+
 SLOW_INIT = """
 import time
 import numpy as np
