@@ -35,7 +35,7 @@ from gpu_workers.backends.registry import backend_class
 from gpu_workers.classification import read_labels
 from gpu_workers.liveness import Liveness
 from gpu_workers.loop import DRAIN_LIMIT_NS, InstanceLoop, output_datatypes
-from gpu_workers.processes import HAND_OVER_SIGNAL
+from gpu_workers.processes import HAND_OVER_SIGNAL, triton_instance_name
 from gpu_workers.warmup import run_warmup
 
 logger = logging.getLogger("gpu_workers")
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             model_name=args.model,
             model_version=args.version,
             config=config,
-            instance_name=args.instance,
+            instance_name=triton_instance_name(args.instance),  # as Triton's, across reloads
             kind=args.kind,
             device_id=args.device_id,
             model_dir=args.model_dir,

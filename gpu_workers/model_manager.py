@@ -44,7 +44,13 @@ from broker.scheduling import StreamLayout, scheduling_policy
 from broker.stats_store import fold_stats_shards, reset_version_stats
 from gpu_workers.backends.registry import auto_complete, gpu_available
 from gpu_workers.device import gpu_ids
-from gpu_workers.processes import HAND_OVER_SIGNAL, Instance, Spawner, terminate
+from gpu_workers.processes import (
+    HAND_OVER_SIGNAL,
+    Instance,
+    Spawner,
+    generation_suffix,
+    terminate,
+)
 from repository import (
     ModelSource,
     RepositoryError,
@@ -358,7 +364,7 @@ class ModelManager:
             ensure_group(self._redis, stream)
 
     def _start_version(self, model: LoadedModel, version: int, config_key: str) -> list[Instance]:
-        suffix = f"_g{model.generation}" if model.generation > 1 else ""
+        suffix = generation_suffix(model.generation)
         instances: list[Instance] = []
         for group in model.config.instance_group:
             kind = _KIND_NAMES.get(group.kind, "CPU")

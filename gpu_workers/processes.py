@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,23 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the child before ex
         libc.prctl(1, signal.SIGTERM)
     except OSError:
         pass
+
+
+def generation_suffix(generation: int) -> str:
+    """What a reload's instance names end with (``_g2``, ``_g3``, ...; nothing for the
+    first load): old and new instances of a model run side by side during a reload and
+    need distinct consumer names in Redis."""
+    return f"_g{generation}" if generation > 1 else ""
+
+
+_GENERATION = re.compile(r"_g[0-9]+$")
+
+
+def triton_instance_name(name: str) -> str:
+    """The name a model sees (``model_instance_name``): the instance name without its
+    :func:`generation_suffix`, Triton's ``<group name>_<index>`` whatever the reload
+    (``digits_0_1_g4`` -> ``digits_0_1``; ``_gpu0`` stays)."""
+    return _GENERATION.sub("", name)
 
 
 @dataclass(slots=True)
