@@ -575,14 +575,8 @@ class InstanceLoop:
         request_id = message.request_id
         if isinstance(result, InferError):
             return self._error(request_id, result.code, result.message)
-        if not message.outputs and not any(n in self._output_datatypes for n in result.outputs):
-            # every output was asked for and the model gave none of them: not a valid answer
-            return self._error(
-                request_id,
-                "INTERNAL",
-                f"model '{self._model}' produced none of its configured outputs "
-                f"({', '.join(self._output_datatypes)})",
-            )
+        # an answer without outputs is sent as such (Triton's python_backend sends a
+        # response with the outputs the model gave, none included)
         try:
             wires = []
             for name, array in result.outputs.items():

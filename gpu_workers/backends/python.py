@@ -212,9 +212,11 @@ def from_pb_response(
     """``pb_utils.InferenceResponse`` -> our answer for one request.
 
     An attached ``TritonError`` becomes :class:`InferError` with its code name.
-    Outputs the request did not ask for are dropped; an output the config
-    does not declare is an INTERNAL error (Triton core
-    ``InferenceResponse::AddOutput``). BYTES outputs become ``object`` arrays
+    Outputs the request did not ask for (every configured output when it named none)
+    are dropped before anything else, an output the config does not declare
+    included, and a response may carry no output at all: python_backend prunes a
+    response to the requested outputs (``InferResponse::PruneOutputTensors``) before
+    Triton core sees it. BYTES outputs become ``object`` arrays
     of ``bytes``; a numeric output of another dtype than the config's is cast
     to the config's dtype (the wire format follows the config).
     """
@@ -233,13 +235,13 @@ def from_pb_response(
     result: dict[str, np.ndarray] = {}
     for tensor in response.output_tensors():
         name = tensor.name()
+        if wanted and name not in wanted:
+            continue
         spec = outputs.get(name)
-        if spec is None:
+        if spec is None:  # asked for but not configured: the gateway refuses such requests
             return InferError(
                 "INTERNAL", f"unexpected inference output '{name}' for model '{model}'"
             )
-        if wanted and name not in wanted:
-            continue
         array = np.asarray(tensor._data())  # as_numpy() refuses BF16, as Triton's
         if spec.reshaped:
             array = array.reshape((array.shape[0], *spec.dims) if batching else spec.dims)
