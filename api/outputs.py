@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from broker.errors import ErrorCode, SluiceError
 from broker.messages import RequestedOutput, WireTensor
 
 
@@ -14,23 +13,13 @@ def select_outputs(
     """Pair each output to send with its request (None when the client listed none).
 
     KServe v2: with no ``outputs`` in the request every output is returned, in the order
-    the model produced them; otherwise exactly the requested ones, in request order.
-
-    Raises:
-        SluiceError: INTERNAL when a requested output is missing from the model's answer.
+    the model produced them; otherwise the requested ones, in request order. A requested
+    output the model did not produce is left out, not an error: Triton's front ends
+    write the outputs a response holds (a Python model may answer without some), and
+    tritonclient's ``as_numpy`` then gives None for it. ``model`` is kept for the
+    callers' error context.
     """
     if not requested:
         return [(tensor, None) for tensor in outputs]
     by_name = {tensor.name: tensor for tensor in outputs}
-    selected: list[tuple[WireTensor, RequestedOutput | None]] = []
-    for wanted in requested:
-        tensor = by_name.get(wanted.name)
-        if tensor is None:
-            raise SluiceError(
-                ErrorCode.INTERNAL,
-                f"model '{model}' produced no output '{wanted.name}'",
-                model=model,
-                tensor=wanted.name,
-            )
-        selected.append((tensor, wanted))
-    return selected
+    return [(by_name[w.name], w) for w in requested if w.name in by_name]

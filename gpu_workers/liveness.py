@@ -28,6 +28,11 @@ from broker.outage import OutageLog
 
 logger = logging.getLogger(__name__)
 
+#: reason of the STOPPED record that the model manager keeps for an instance of a
+#: replaced generation that still owns pending entries (a reload's old instance that
+#: was SIGKILLed or stopped past its drain timeout): claimed at once, then dropped.
+RETIRED_HOLDING = "retired holding requests"
+
 
 class Liveness:
     """Heartbeat writer and dead-instance recovery of one instance.
@@ -152,7 +157,12 @@ class Liveness:
                     beat and now - beat > self._stale_ns
                 )
                 if dead:
-                    claimed.extend(self._consumer.claim_from(name, min_idle_ms=0))
+                    taken = self._consumer.claim_from(name, min_idle_ms=0)
+                    claimed.extend(taken)
+                    if not taken and info.get("reason") == RETIRED_HOLDING:
+                        # its entries were taken (by a cycle before, or by a peer): the
+                        # record has served its purpose
+                        self._store.forget_instances(self._model, self._version, [name])
             self._recover_outage.ok()
         except redis.exceptions.RedisError as exc:
             self._recover_outage.failed(exc)

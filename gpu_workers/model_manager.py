@@ -36,7 +36,7 @@ from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelInstanceGroup
 from broker.codec import CodecError, decode_request, encode_response
 from broker.consumer import ensure_group
 from broker.errors import ErrorCode, SluiceError
-from broker.keys import KeySchema
+from broker.keys import WORKER_GROUP, KeySchema
 from broker.messages import ErrorInfo, InferResponseMessage
 from broker.model_store import ModelState, ModelStore, VersionState
 from broker.producer import PAYLOAD_FIELD
@@ -44,6 +44,7 @@ from broker.scheduling import StreamLayout, scheduling_policy
 from broker.stats_store import fold_stats_shards, reset_version_stats
 from gpu_workers.backends.registry import auto_complete, gpu_available
 from gpu_workers.device import gpu_ids
+from gpu_workers.liveness import RETIRED_HOLDING
 from gpu_workers.processes import (
     HAND_OVER_SIGNAL,
     Instance,
@@ -444,13 +445,51 @@ class ModelManager:
                 shutil.rmtree(previous.temp_dir, ignore_errors=True)
 
     def _forget_generation(self, previous: LoadedModel) -> None:
-        """Drop the Redis records of a replaced generation (nothing grows with reloads)."""
+        """Drop the Redis records of a replaced generation (nothing grows with reloads).
+
+        An instance of it that still owns pending entries (SIGKILLed, or stopped past the
+        drain timeout, with requests read and not answered) keeps a record in state
+        STOPPED with reason :data:`RETIRED_HOLDING` instead: the live instances'
+        recovery claims its entries at once and then drops the record
+        (:meth:`gpu_workers.liveness.Liveness.recover`), so no accepted request waits
+        for its deadline.
+        """
         self._redis.delete(self._keys.staged_config(previous.name, previous.generation))
         for version, instances in previous.versions.items():
             names = [i.name for i in instances]
-            if names:
-                self._store.forget_instances(previous.name, version, names)
-                fold_stats_shards(self._redis, self._keys, previous.name, version, names)
+            if not names:
+                continue
+            layout = StreamLayout(
+                self._keys, previous.name, version, scheduling_policy(previous.config)
+            )
+            holding = self._pending_owners(layout.streams()) & set(names)
+            for name in holding:
+                logger.warning(
+                    "instance '%s' of model '%s' left requests pending; live instances take them",
+                    name,
+                    previous.name,
+                )
+                self._store.set_instance(
+                    previous.name, version, name, {"state": "STOPPED", "reason": RETIRED_HOLDING}
+                )
+            gone = [n for n in names if n not in holding]
+            if gone:
+                self._store.forget_instances(previous.name, version, gone)
+            fold_stats_shards(self._redis, self._keys, previous.name, version, names)
+
+    def _pending_owners(self, streams: Sequence[str]) -> set[str]:
+        """Consumers that own pending (read, not acknowledged) entries of ``streams``."""
+        owners: set[str] = set()
+        for stream in streams:
+            try:
+                summary = self._redis.xpending(stream, WORKER_GROUP)
+            except redis.exceptions.ResponseError:  # no stream or group (never read)
+                continue
+            for consumer in summary.get("consumers") or ():
+                if int(consumer.get("pending", 0)) > 0:
+                    name = consumer.get("name")
+                    owners.add(name.decode() if isinstance(name, bytes) else str(name))
+        return owners
 
     def _await_ready(self, instances: list[Instance]) -> str | None:
         """Wait until every instance reports READY; the failure reason otherwise."""

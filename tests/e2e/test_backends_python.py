@@ -192,6 +192,15 @@ def test_identity_optional_inputs(client: tuple[Any, ModuleType, str]) -> None:
     )
     assert only_bool.as_numpy("OUT_BOOL").tolist() == [True, False]
     assert only_bool.as_numpy("OUT_INT16") is None
+    # a requested output the model did not produce is absent, not an error (Triton)
+    asked = [module.InferRequestedOutput("OUT_INT16"), module.InferRequestedOutput("OUT_BOOL")]
+    partial = instance.infer(
+        "identity_bytes_all",
+        [_input(module, "IN_BOOL", np.array([True, False]), "BOOL")],
+        outputs=asked,
+    )
+    assert partial.as_numpy("OUT_BOOL").tolist() == [True, False]
+    assert partial.as_numpy("OUT_INT16") is None
 
 
 def test_bf16_through_dlpack_as_triton(client: tuple[Any, ModuleType, str]) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -435,6 +437,105 @@ def test_a_failed_reload_answers_no_request(explicit_server: Server) -> None:
     assert seen["new"] == 0 and seen["error"] == 0, seen
     assert seen["old"] > 20, seen
     assert _index(client)[("slow_pair", "1")]["state"] == "READY"
+    client.unload_model("slow_pair")
+
+
+ECHO_SLOW_INIT = """
+import json
+import os
+import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        time.sleep(3)
+
+    def execute(self, requests):
+        sleep_ms = max(float(json.loads(r.parameters()).get("sleep_ms", 0)) for r in requests)
+        time.sleep(sleep_ms / 1000.0)
+        return [
+            pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()),
+            ])
+            for r in requests
+        ]
+"""
+
+
+def test_an_old_instance_killed_during_a_reload_loses_no_request(
+    explicit_server: Server,
+) -> None:
+    """An old instance SIGKILLed while it holds requests, during a reload: after the
+    reload its requests are run by the new instances at once, not left pending until
+    their deadline (the manager keeps its record STOPPED until they are claimed)."""
+    client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
+    client.load_model("slow_pair")
+    config = client.get_model_config("slow_pair")
+    r = redis.Redis.from_url(explicit_server.redis_url)
+    try:
+        old = {
+            k.decode(): json.loads(v)
+            for k, v in r.hgetall(f"{explicit_server.key_prefix}{{slow_pair}}:instances:1").items()
+        }
+    finally:
+        r.close()
+    victim = sorted(old.values(), key=lambda info: info["pid"])[0]["pid"]
+    results: list[tuple[float, float, float]] = []  # (sent, answer, seconds)
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def load(offset: int) -> None:
+        worker = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
+        try:
+            value = float(offset)
+            while not stop.is_set():
+                tensor = httpclient.InferInput("IN", [1, 1], "FP32")
+                tensor.set_data_from_numpy(np.array([[value]], np.float32))
+                started = time.monotonic()
+                try:
+                    out = worker.infer("slow_pair", [tensor], parameters={"sleep_ms": 150})
+                    answer = out.as_numpy("OUT").tolist()[0][0]
+                    results.append((value, answer, time.monotonic() - started))
+                except InferenceServerException as exc:
+                    errors.append(exc.message())
+                value += 100.0
+        finally:
+            worker.close()
+
+    threads = [threading.Thread(target=load, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(1.0)
+        def reload() -> None:  # its own client: tritonclient.http's is per thread
+            admin = httpclient.InferenceServerClient(
+                explicit_server.http_url, network_timeout=120
+            )
+            try:
+                admin.load_model(
+                    "slow_pair",
+                    config=json.dumps(config),
+                    files={"file:1/model.py": ECHO_SLOW_INIT.encode()},
+                )
+            finally:
+                admin.close()
+
+        loader = threading.Thread(target=reload)
+        loader.start()
+        time.sleep(1.0)  # the new instances initialize for 3 s; the old ones serve
+        os.kill(victim, signal.SIGKILL)
+        loader.join(60)
+        time.sleep(2.0)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    assert not errors, errors[:3]
+    assert len(results) > 20
+    assert all(sent == answer for sent, answer, _ in results)
+    # without the recovery the victim's requests waited for their deadline (60 s)
+    assert max(seconds for _, _, seconds in results) < 15, max(s for *_, s in results)
     client.unload_model("slow_pair")
 
 

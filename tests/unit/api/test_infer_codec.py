@@ -1176,18 +1176,21 @@ def test_response_fp16_binary_is_fine() -> None:
     assert _decode(body, headers).as_numpy("H").tolist() == [1.0]
 
 
-def test_response_missing_requested_output_is_internal() -> None:
-    with pytest.raises(SluiceError) as info:
-        encode_infer_response(
-            model=MODEL,
-            version="1",
-            client_id="",
-            outputs=[FP32],
-            requested=[RequestedOutput("nope")],
-            binary_data_output=False,
-        )
-    assert info.value.code is ErrorCode.INTERNAL
-    assert info.value.message == "model 'm' produced no output 'nope'"
+def test_response_missing_requested_output_is_left_out() -> None:
+    """As Triton's front ends: the outputs the response holds, a requested one the model
+    did not produce absent (tritonclient's as_numpy gives None)."""
+    body, headers = encode_infer_response(
+        model=MODEL,
+        version="1",
+        client_id="",
+        outputs=[FP32],
+        requested=[RequestedOutput("nope"), RequestedOutput(FP32.name)],
+        binary_data_output=False,
+    )
+    result = _decode(body, headers)
+    assert result.as_numpy("nope") is None
+    assert result.as_numpy(FP32.name) is not None
+    assert [o["name"] for o in result.get_response()["outputs"]] == [FP32.name]
 
 
 def test_large_flat_request_round_trip() -> None:
