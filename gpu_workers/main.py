@@ -208,6 +208,9 @@ def _await_publication(store: ModelStore, args: argparse.Namespace, stopping: Ev
     they never answer a request, and the old model keeps serving (Triton: a load that
     fails serves nothing). An instance started without a load id does not wait.
 
+    An instance of the published load started again (it died) while the version unloads
+    also runs: the unload waits for the queue to drain.
+
     Returns:
         True once published; False when the instance was stopped first (a failed or
         cancelled load, an unload, the server exiting). Redis errors while waiting are
@@ -220,8 +223,12 @@ def _await_publication(store: ModelStore, args: argparse.Namespace, stopping: Ev
             state = store.get(args.model).versions.get(args.version)
         except redis.exceptions.RedisError:
             state = None
-        if state is not None and state.state is ModelState.READY and state.load_id == args.load_id:
-            return True
+        if (
+            state is not None
+            and state.state in (ModelState.READY, ModelState.UNLOADING)
+            and state.load_id == args.load_id
+        ):
+            return True  # published, or draining for an unload: run what is queued
         stopping.wait(PUBLICATION_POLL_S)
     return False
 

@@ -554,8 +554,12 @@ class ModelManager:
         if not versions:
             return
         for version in versions:
+            # the load id stays: an instance of this load started again while the version
+            # drains takes what is queued (gpu_workers.main._await_publication)
             self._store.set_state(
-                model.name, version, VersionState(ModelState.UNLOADING, "unloading")
+                model.name,
+                version,
+                VersionState(ModelState.UNLOADING, "unloading", load_id=model.load_id),
             )
         layouts = [
             StreamLayout(self._keys, model.name, v, scheduling_policy(model.config))
@@ -564,9 +568,28 @@ class ModelManager:
         if drain:
             time.sleep(ADMISSION_SETTLE_S)
             deadline = time.monotonic() + self.options.drain_timeout_s
+            restarted: set[str] = set()
             while time.monotonic() < deadline and any(
                 self._redis.xlen(s) for layout in layouts for s in layout.streams()
             ):
+                # the supervisor restarts no instance while this command runs: one that
+                # died (SIGKILL, out of memory) with requests read or queued is started
+                # again, once, so they run instead of failing at the drain's end
+                for version in versions:
+                    for instance in model.versions.get(version, []):
+                        process = instance.process
+                        if process is None or process.poll() is None:
+                            continue
+                        if instance.name in restarted:
+                            continue
+                        restarted.add(instance.name)
+                        logger.warning(
+                            "instance '%s' of model '%s' exited while the version drains; "
+                            "starting it again to run what is queued",
+                            instance.name,
+                            model.name,
+                        )
+                        self._spawner.start_instance(instance)
                 time.sleep(0.05)
         procs = [i.process for v in versions for i in model.versions.get(v, []) if i.process]
         terminate(procs, self.options.drain_timeout_s)

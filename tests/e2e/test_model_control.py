@@ -230,6 +230,38 @@ def test_unload_while_32_requests_in_flight(explicit_server: Server) -> None:
     assert not control.is_model_ready("slow_pair")
 
 
+def test_unload_runs_the_requests_of_instances_killed_meanwhile(explicit_server: Server) -> None:
+    """Every instance SIGKILLed with requests held and queued, then an unload: the dead
+    instances are started again to drain the queue (their own pending requests included),
+    so every request is answered with its output, none fails at the drain's end."""
+    client = httpclient.InferenceServerClient(
+        explicit_server.http_url, network_timeout=120, concurrency=16
+    )
+    client.load_model("slow_pair")
+    r = redis.Redis.from_url(explicit_server.redis_url)
+    try:
+        pids = [
+            json.loads(v)["pid"]
+            for v in r.hgetall(f"{explicit_server.key_prefix}{{slow_pair}}:instances:1").values()
+        ]
+    finally:
+        r.close()
+    assert len(pids) == 2
+    pending = []
+    for i in range(16):
+        tensor = httpclient.InferInput("IN", [1, 1], "FP32")
+        tensor.set_data_from_numpy(np.array([[float(i)]], np.float32))
+        pending.append(client.async_infer("slow_pair", [tensor], parameters={"sleep_ms": 200}))
+    time.sleep(0.1)  # both instances hold a batch, the rest is queued
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    control = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
+    control.unload_model("slow_pair")
+    values = [p.get_result(timeout=60).as_numpy("OUT")[0][0] for p in pending]
+    assert values == [float(i) for i in range(16)]
+    assert not control.is_model_ready("slow_pair")
+
+
 def test_reload_under_load_fails_no_request(explicit_server: Server, control_repo: Path) -> None:
     client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
     shutil.rmtree(control_repo / "batch_scale/2", ignore_errors=True)
