@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import redis
 from google.protobuf import json_format
@@ -134,6 +135,17 @@ def _unsupported_feature(config: ModelConfig) -> str:
 
 class LoadError(SluiceError):
     """A load or unload that failed; ``code`` and message are what the client sees."""
+
+
+def _own_record(info: dict[str, Any], instance: Instance) -> dict[str, Any]:
+    """``info`` when the instance's running process wrote it (its pid), else empty."""
+    process = instance.process
+    if process is None:
+        return info
+    try:
+        return info if int(info.get("pid", -1)) == process.pid else {}
+    except (TypeError, ValueError):
+        return {}
 
 
 class ModelManager:
@@ -492,15 +504,22 @@ class ModelManager:
         return owners
 
     def _await_ready(self, instances: list[Instance]) -> str | None:
-        """Wait until every instance reports READY; the failure reason otherwise."""
+        """Wait until every instance reports READY; the failure reason otherwise.
+
+        Only a record written by the instance's own process counts (its ``pid``): an
+        earlier process under the same name that died without a last word (SIGKILL while
+        its version unloaded) left its READY or UNAVAILABLE record behind, which must
+        neither publish a load before any instance is up nor fail it.
+        """
         if not instances:
             return None
         model, version = instances[0].model, instances[0].version
         deadline = time.monotonic() + self.options.load_timeout_s
         while time.monotonic() < deadline and not self.stopping:
-            states = self._store.instances(model, version)
+            records = self._store.instances(model, version)
+            states = {i.name: _own_record(records.get(i.name, {}), i) for i in instances}
             for instance in instances:
-                info = states.get(instance.name, {})
+                info = states[instance.name]
                 if info.get("state") == "UNAVAILABLE":
                     return info.get("reason") or "instance failed to load"
                 process = instance.process
@@ -513,7 +532,7 @@ class ModelManager:
                         f"instance '{instance.name}' exited with code "
                         f"{process.returncode} while loading"
                     )
-            if all(states.get(i.name, {}).get("state") == "READY" for i in instances):
+            if all(states[i.name].get("state") == "READY" for i in instances):
                 return None
             time.sleep(0.05)
         if self.stopping:

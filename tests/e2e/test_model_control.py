@@ -262,6 +262,62 @@ def test_unload_runs_the_requests_of_instances_killed_meanwhile(explicit_server:
     assert not control.is_model_ready("slow_pair")
 
 
+RAISE_IN_INIT = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        raise RuntimeError("this version cannot start")
+
+    def execute(self, requests):
+        return []
+"""
+
+
+def test_records_of_instances_killed_while_unloading_do_not_answer_for_the_next_load(
+    explicit_server: Server,
+) -> None:
+    """Instances SIGKILLed while their version unloads leave READY records behind: the
+    next load under the same instance names waits for its own processes (a load whose
+    instances fail is refused, not published READY at once)."""
+    client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
+    client.load_model("slow_pair")
+    config = client.get_model_config("slow_pair")
+    r = redis.Redis.from_url(explicit_server.redis_url)
+    key = f"{explicit_server.key_prefix}{{slow_pair}}:instances:1"
+    try:
+        pids = [json.loads(v)["pid"] for v in r.hgetall(key).values()]
+    finally:
+        r.close()
+
+    def kill_soon() -> None:
+        time.sleep(0.2)  # the unload has begun (it lets admissions settle for 1 s)
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_soon)
+    killer.start()
+    client.unload_model("slow_pair")
+    killer.join(10)
+    started = time.monotonic()
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model(
+            "slow_pair",
+            config=json.dumps(config),
+            files={"file:1/model.py": RAISE_IN_INIT.encode()},
+        )
+    assert "this version cannot start" in info.value.message()
+    assert not client.is_model_ready("slow_pair")
+    client.load_model("slow_pair")  # the repository's model loads again, for real
+    assert client.is_model_ready("slow_pair")
+    tensor = httpclient.InferInput("IN", [1, 1], "FP32")
+    tensor.set_data_from_numpy(np.array([[4.0]], np.float32))
+    assert client.infer("slow_pair", [tensor]).as_numpy("OUT").tolist() == [[4.0]]
+    assert time.monotonic() - started < 60
+    client.unload_model("slow_pair")
+
+
 def test_reload_under_load_fails_no_request(explicit_server: Server, control_repo: Path) -> None:
     client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
     shutil.rmtree(control_repo / "batch_scale/2", ignore_errors=True)
