@@ -8,7 +8,7 @@ from broker.messages import RequestedOutput, WireTensor
 
 
 def select_outputs(
-    model: str, outputs: Sequence[WireTensor], requested: Sequence[RequestedOutput]
+    outputs: Sequence[WireTensor], requested: Sequence[RequestedOutput]
 ) -> list[tuple[WireTensor, RequestedOutput | None]]:
     """Pair each output to send with its request (None when the client listed none).
 
@@ -16,8 +16,7 @@ def select_outputs(
     the model produced them; otherwise the requested ones, in request order. A requested
     output the model did not produce is left out, not an error: Triton's front ends
     write the outputs a response holds (a Python model may answer without some), and
-    tritonclient's ``as_numpy`` then gives None for it. ``model`` is kept for the
-    callers' error context.
+    tritonclient's ``as_numpy`` then gives None for it.
     """
     if not requested:
         return [(tensor, None) for tensor in outputs]

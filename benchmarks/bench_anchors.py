@@ -77,12 +77,17 @@ def proc_table() -> dict[int, tuple[str, int, int]]:
     return table
 
 
-def model_counts(address: str, model: str) -> tuple[int, int]:
-    """(inference_count, execution_count) of ``model``, all versions, from the statistics
-    extension of the server at ``address`` (``host:port``; Sluice and Triton both speak
-    it). Their deltas over a run give its mean batch size."""
+def model_stats(address: str, model: str) -> list[dict]:
+    """The statistics extension's ``model_stats`` of ``model`` (one per version) at the
+    server at ``address`` (``host:port``; Sluice and Triton both speak it)."""
     with urllib.request.urlopen(f"http://{address}/v2/models/{model}/stats", timeout=10) as reply:
-        stats = json.load(reply)["model_stats"]
+        return json.load(reply)["model_stats"]
+
+
+def model_counts(address: str, model: str) -> tuple[int, int]:
+    """(inference_count, execution_count) of ``model``, all versions (:func:`model_stats`).
+    Their deltas over a run give its mean batch size."""
+    stats = model_stats(address, model)
     return (
         sum(int(s.get("inference_count", 0)) for s in stats),
         sum(int(s.get("execution_count", 0)) for s in stats),

@@ -32,13 +32,12 @@ import os
 import resource
 import subprocess
 import sys
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_anchors import ANCHORS, BENCH
+from bench_anchors import ANCHORS, BENCH, model_stats
 
 #: /proc/stat's cpu line, in order.
 MACHINE_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
@@ -178,9 +177,8 @@ def rows(
 
 def infer_stats(address: str, model: str) -> tuple[int, int, int]:
     """(inference_count, execution_count, compute_infer ns summed over requests) of
-    ``model``, all versions, from the statistics extension at ``address``."""
-    with urllib.request.urlopen(f"http://{address}/v2/models/{model}/stats", timeout=10) as reply:
-        stats = json.load(reply)["model_stats"]
+    ``model``, all versions (:func:`bench_anchors.model_stats`)."""
+    stats = model_stats(address, model)
     return (
         sum(int(s.get("inference_count", 0)) for s in stats),
         sum(int(s.get("execution_count", 0)) for s in stats),

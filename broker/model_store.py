@@ -113,6 +113,11 @@ class ModelStore:
         config, states = pipe.execute()
         return ModelRecord(model, (config or b"").decode(), _decode_versions(states))
 
+    def version_state(self, model: str, version: int) -> VersionState | None:
+        """The state of one version (None if Redis has none), without the config."""
+        raw = self._redis.hget(self._keys.state(model), str(version))
+        return None if raw is None else VersionState.from_json(raw)
+
     def set_instance(self, model: str, version: int, instance: str, info: dict[str, Any]) -> None:
         """Record the state of one model instance (a worker process)."""
         self._redis.hset(self._keys.instances(model, version), instance, json.dumps(info))

@@ -220,7 +220,7 @@ def _await_publication(store: ModelStore, args: argparse.Namespace, stopping: Ev
         return True
     while not stopping.is_set():
         try:
-            state = store.get(args.model).versions.get(args.version)
+            state = store.version_state(args.model, args.version)
         except redis.exceptions.RedisError:
             state = None
         if (

@@ -591,24 +591,7 @@ class ModelManager:
             while time.monotonic() < deadline and any(
                 self._redis.xlen(s) for layout in layouts for s in layout.streams()
             ):
-                # the supervisor restarts no instance while this command runs: one that
-                # died (SIGKILL, out of memory) with requests read or queued is started
-                # again, once, so they run instead of failing at the drain's end
-                for version in versions:
-                    for instance in model.versions.get(version, []):
-                        process = instance.process
-                        if process is None or process.poll() is None:
-                            continue
-                        if instance.name in restarted:
-                            continue
-                        restarted.add(instance.name)
-                        logger.warning(
-                            "instance '%s' of model '%s' exited while the version drains; "
-                            "starting it again to run what is queued",
-                            instance.name,
-                            model.name,
-                        )
-                        self._spawner.start_instance(instance)
+                self._restart_dead_once(model, versions, restarted)
                 time.sleep(0.05)
         procs = [i.process for v in versions for i in model.versions.get(v, []) if i.process]
         terminate(procs, self.options.drain_timeout_s)
@@ -623,6 +606,31 @@ class ModelManager:
                 model.name, version, VersionState(ModelState.UNAVAILABLE, "unloaded")
             )
             model.versions.pop(version, None)
+
+    def _restart_dead_once(
+        self, model: LoadedModel, versions: Sequence[int], restarted: set[str]
+    ) -> None:
+        """Start again, once per drain (``restarted`` holds the names), an instance of
+        ``versions`` that died (SIGKILL, out of memory): the supervisor restarts none
+        while a command runs, and what it held or what is queued must run rather than
+        fail at the drain's end."""
+        dead = [
+            instance
+            for version in versions
+            for instance in model.versions.get(version, [])
+            if instance.process is not None
+            and instance.process.poll() is not None
+            and instance.name not in restarted
+        ]
+        for instance in dead:
+            restarted.add(instance.name)
+            logger.warning(
+                "instance '%s' of model '%s' exited while the version drains; "
+                "starting it again to run what is queued",
+                instance.name,
+                model.name,
+            )
+            self._spawner.start_instance(instance)
 
     def _fail_leftovers(self, stream: str, model: str) -> None:
         """Answer every request still in ``stream`` with UNAVAILABLE and delete it."""

@@ -269,7 +269,7 @@ def encode_infer_response(
     Raises:
         SluiceError: INTERNAL when a requested output is missing.
     """
-    selected = [tensor for tensor, _ in select_outputs(model, outputs, requested)]
+    selected = [tensor for tensor, _ in select_outputs(outputs, requested)]
     response = service_pb2.ModelInferResponse(model_name=model, model_version=version, id=client_id)
     for tensor in selected:
         response.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)

@@ -518,7 +518,7 @@ def encode_infer_response(
     """
     selected = [
         (tensor, binary_data_output if wanted is None else wanted.binary)
-        for tensor, wanted in select_outputs(model, outputs, requested)
+        for tensor, wanted in select_outputs(outputs, requested)
     ]
 
     response: dict[str, Any] = {"model_name": model, "model_version": version}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -129,6 +130,17 @@ def build_autocomplete(repo: Path) -> None:
         [s, d],
     )
     _save(helper.make_model(graph, opset_imports=OPSET), repo / "auto_onnx/1/model.onnx")
+
+
+def instance_records(server: Server, model: str, version: int = 1) -> dict[str, dict]:
+    """The instance records (name -> state, pid, heartbeat) of a model version in the
+    server's Redis."""
+    client = redis.Redis.from_url(server.redis_url)
+    try:
+        raw = client.hgetall(f"{server.key_prefix}{{{model}}}:instances:{version}")
+    finally:
+        client.close()
+    return {k.decode(): json.loads(v) for k, v in raw.items()}
 
 
 def grpc_health_status(grpc_url: str) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -11,9 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-import redis
 import tritonclient.http as httpclient
-from e2e_support import load_while
+from e2e_support import instance_records, load_while
 from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.e2e
@@ -195,12 +193,7 @@ def test_priority_order(server, queued: list[tuple[float, int]], expected: list[
 
 def test_killed_instance_loses_no_request(server) -> None:
     """Two instances under steady load; one is SIGKILLed mid-run; every request is answered."""
-    r = redis.Redis.from_url(server.redis_url)
-    instances = {
-        k.decode(): json.loads(v)
-        for k, v in r.hgetall(f"{server.key_prefix}{{slow_pair}}:instances:1").items()
-    }
-    r.close()
+    instances = instance_records(server, "slow_pair")
     assert len(instances) == 2
     victim = next(iter(instances.values()))["pid"]
     def infer(client: httpclient.InferenceServerClient, value: int) -> float:

@@ -21,6 +21,7 @@ import tritonclient.http as httpclient
 from e2e_support import (
     Server,
     build_batch_scale,
+    instance_records,
     start_gateway,
     start_server,
     stop_server,
@@ -38,12 +39,8 @@ def _scale_input(value: float, batch: int = 1) -> list[httpclient.InferInput]:
 
 
 def _ready_instances(server: Server, model: str, version: int = 1) -> int:
-    client = redis.Redis.from_url(server.redis_url)
-    try:
-        raw = client.hgetall(f"{server.key_prefix}{{{model}}}:instances:{version}")
-    finally:
-        client.close()
-    return sum(1 for v in raw.values() if json.loads(v).get("state") == "READY")
+    records = instance_records(server, model, version).values()
+    return sum(1 for info in records if info.get("state") == "READY")
 
 
 def _index(client: httpclient.InferenceServerClient) -> dict[tuple[str, str | None], dict]:
@@ -238,14 +235,7 @@ def test_unload_runs_the_requests_of_instances_killed_meanwhile(explicit_server:
         explicit_server.http_url, network_timeout=120, concurrency=16
     )
     client.load_model("slow_pair")
-    r = redis.Redis.from_url(explicit_server.redis_url)
-    try:
-        pids = [
-            json.loads(v)["pid"]
-            for v in r.hgetall(f"{explicit_server.key_prefix}{{slow_pair}}:instances:1").values()
-        ]
-    finally:
-        r.close()
+    pids = [info["pid"] for info in instance_records(explicit_server, "slow_pair").values()]
     assert len(pids) == 2
     pending = []
     for i in range(16):
@@ -284,12 +274,7 @@ def test_records_of_instances_killed_while_unloading_do_not_answer_for_the_next_
     client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
     client.load_model("slow_pair")
     config = client.get_model_config("slow_pair")
-    r = redis.Redis.from_url(explicit_server.redis_url)
-    key = f"{explicit_server.key_prefix}{{slow_pair}}:instances:1"
-    try:
-        pids = [json.loads(v)["pid"] for v in r.hgetall(key).values()]
-    finally:
-        r.close()
+    pids = [info["pid"] for info in instance_records(explicit_server, "slow_pair").values()]
 
     def kill_soon() -> None:
         time.sleep(0.2)  # the unload has begun (it lets admissions settle for 1 s)
@@ -560,15 +545,7 @@ def test_an_old_instance_killed_during_a_reload_loses_no_request(
     client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
     client.load_model("slow_pair")
     config = client.get_model_config("slow_pair")
-    r = redis.Redis.from_url(explicit_server.redis_url)
-    try:
-        old = {
-            k.decode(): json.loads(v)
-            for k, v in r.hgetall(f"{explicit_server.key_prefix}{{slow_pair}}:instances:1").items()
-        }
-    finally:
-        r.close()
-    victim = sorted(old.values(), key=lambda info: info["pid"])[0]["pid"]
+    victim = min(info["pid"] for info in instance_records(explicit_server, "slow_pair").values())
     results: list[tuple[float, float, float]] = []  # (sent, answer, seconds)
     errors: list[str] = []
     stop = threading.Event()
