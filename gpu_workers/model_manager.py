@@ -489,6 +489,28 @@ class ModelManager:
                 self._store.forget_instances(previous.name, version, gone)
             fold_stats_shards(self._redis, self._keys, previous.name, version, names)
 
+    def died_serving(self, instance: Instance) -> bool:
+        """Whether a dead instance had reported READY (its own process, by pid) and still
+        owns pending entries: it died running requests (a segfault or ``os._exit`` in the
+        model's code, the kernel's out-of-memory kill), not while it started. Such an
+        instance is started again at once, as Triton's python_backend restarts a stub
+        that died in ``execute``; one that keeps dying on start keeps the supervisor's
+        backoff. False when Redis cannot be reached.
+        """
+        loaded = self.loaded.get(instance.model)
+        if loaded is None:
+            return False
+        try:
+            records = self._store.instances(instance.model, instance.version)
+            if _own_record(records.get(instance.name, {}), instance).get("state") != "READY":
+                return False
+            layout = StreamLayout(
+                self._keys, instance.model, instance.version, scheduling_policy(loaded.config)
+            )
+            return instance.name in self._pending_owners(layout.streams())
+        except redis.exceptions.RedisError:
+            return False
+
     def _pending_owners(self, streams: Sequence[str]) -> set[str]:
         """Consumers that own pending (read, not acknowledged) entries of ``streams``."""
         owners: set[str] = set()

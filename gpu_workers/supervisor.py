@@ -296,8 +296,14 @@ class Supervisor:
                 continue
             if not instance.exited_at:
                 instance.exited_at = time.monotonic()
-                if instance.exited_at - instance.started_at >= INSTANCE_SETTLED_S:
-                    instance.restarts = 0  # it served a while: restart it at once
+                if (
+                    instance.exited_at - instance.started_at >= INSTANCE_SETTLED_S
+                    or self.manager.died_serving(instance)
+                ):
+                    # it served a while, or died running requests: restart it at once (a
+                    # model that crashes on some requests would otherwise leave the
+                    # requests queued behind them waiting out a backoff of up to 30 s)
+                    instance.restarts = 0
             delay = min(30.0, 0.5 * 2 ** min(instance.restarts, 6))
             if time.monotonic() - instance.started_at < delay:
                 continue

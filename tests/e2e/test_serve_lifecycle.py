@@ -209,6 +209,50 @@ def test_request_that_kills_its_instance_is_failed_not_retried_forever(
         assert stop_server(server) == 0, server.log()
 
 
+def test_an_instance_that_dies_running_requests_is_restarted_without_backoff(
+    model_repository, redis_url, tmp_path
+) -> None:
+    """Each poison request kills its instance twice (it is run again once, then failed).
+    Six deaths in a row used to grow the supervisor's restart delay to 30 s (0.5 s
+    doubled per death of an instance that ran under 10 s), so the poison requests took
+    half a minute to fail and a normal request behind them waited as long. An instance
+    that reported READY and died holding requests is now started again at once."""
+    repo = tmp_path / "repo"
+    (repo / "crasher/1").mkdir(parents=True)
+    (repo / "crasher/1/model.py").write_text(CRASHER)
+    (repo / "crasher/config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 4\n'
+        'input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
+    )
+    server = start_server(repo, redis_url, tmp_path / "serve.log")
+    try:
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+
+        def tensor(value: int) -> list[httpclient.InferInput]:
+            t = httpclient.InferInput("X", [1, 1], "INT32")
+            t.set_data_from_numpy(np.array([[value]], np.int32))
+            return [t]
+
+        started = time.monotonic()
+        for _ in range(3):
+            with pytest.raises(InferenceServerException) as info:
+                client.infer("crasher", tensor(5))
+            assert "an instance exited while running this request" in info.value.message()
+        poisoned_s = time.monotonic() - started
+        answered = time.monotonic()
+        assert client.infer("crasher", tensor(7)).as_numpy("Y").tolist() == [[7]]
+        normal_s = time.monotonic() - answered
+        # six restarts of a python model take ~1 s each here; with the backoff they took
+        # 0.5 + 1 + 2 + 4 + 8 + 16 s more, and the normal request waited up to 30 s
+        assert poisoned_s < 20, f"three poison requests took {poisoned_s:.1f} s"
+        assert normal_s < 5, f"the normal request behind them took {normal_s:.1f} s"
+        client.close()
+    finally:
+        assert stop_server(server) == 0, server.log()
+
+
 def test_requests_during_ctrl_c_are_answered_or_refused_at_once(
     model_repository, redis_url, tmp_path
 ) -> None:
