@@ -125,6 +125,12 @@ def _batch_size(view: ModelView, inputs: Sequence[WireTensor]) -> int:
                 model=model,
                 tensor=tensor.name,
             )
+    if batch is not None and batch < 1:
+        # Triton core InferenceRequest::Normalize: a batching model's request holds at
+        # least one sample
+        raise invalid_arg(
+            f"inference request batch-size must be >= 1 for '{model}'", model=model
+        )
     batch = batch or 0
     if batch > view.max_batch_size:
         raise invalid_arg(

@@ -297,6 +297,14 @@ def test_error_wrong_shape(http_client) -> None:
     )
 
 
+def test_error_empty_batch(http_client) -> None:
+    """A batch of zero samples is refused, as Triton core's InferenceRequest::Normalize."""
+    a = np.ones((0, 16), np.float32)
+    err = _error(http_client, "add_sub", _add_sub_inputs(a, a))
+    assert err.status() == "400"
+    assert err.message() == "inference request batch-size must be >= 1 for 'add_sub'"
+
+
 def test_error_batch_too_large(http_client) -> None:
     a = np.ones((9, 16), np.float32)
     err = _error(http_client, "add_sub", _add_sub_inputs(a, a))
