@@ -103,10 +103,18 @@ def check_model_io(ctx: InstanceContext, session: Any) -> None:
     """Refuse a config that disagrees with the graph (Triton onnxruntime backend ValidateInputs).
 
     Raises:
-        ValueError: a configured input/output is missing from the graph, or its datatype
+        ValueError: the config lists more or fewer inputs than the graph has (initializers
+            aside), a configured input/output is missing from the graph, or its datatype
             or shape (batch dimension included) differs, naming the model and tensor.
     """
-    _check_tensors(ctx, "input", ctx.config.input, session.get_inputs())
+    graph_inputs = session.get_inputs()
+    if len(ctx.config.input) != len(graph_inputs):
+        # Triton onnxruntime_backend ValidateInputs: every graph input must be configured
+        raise ValueError(
+            f"unable to load model '{ctx.model_name}', configuration expects "
+            f"{len(ctx.config.input)} inputs, model provides {len(graph_inputs)}"
+        )
+    _check_tensors(ctx, "input", ctx.config.input, graph_inputs)
     _check_tensors(ctx, "output", ctx.config.output, session.get_outputs())
 
 
