@@ -16,7 +16,7 @@ from starlette.types import ASGIApp
 from api.access import AccessPolicy
 from api.dataplane import DataPlane
 from api.errors import http_status
-from api.http import health, infer, metadata, repository, shared_memory, stats
+from api.http import health, infer, metadata, repository, shared_memory, stats, trace
 from api.http import logging as logging_routes
 from api.http.access import RestrictedApiMiddleware
 from api.http.responses import error_response
@@ -97,6 +97,7 @@ def create_app(settings: GatewaySettings, dataplane: DataPlane) -> FastAPI:
         repository.router,
         logging_routes.router,
         shared_memory.router,
+        trace.router,
     ):
         app.include_router(router)
     app.add_exception_handler(SluiceError, _sluice_error)

@@ -52,6 +52,8 @@ HEALTH_DEADLINE_S = 2.0
 EXTENSIONS = (
     "classification",
     "model_repository",
+    "model_repository(unload_dependents)",  # accepted; no ensembles, so no dependents
+    "schedule_policy",  # the request parameters priority and timeout
     "model_configuration",
     "binary_tensor_data",
     "parameters",
@@ -180,8 +182,8 @@ class DataPlane:
         :data:`HEALTH_DEADLINE_S` (a probe, like the server's).
 
         Raises:
-            SluiceError: from model resolution (NOT_FOUND unknown, UNAVAILABLE loading),
-                as Triton's model-ready endpoint answers them.
+            SluiceError: from model resolution (NOT_FOUND unknown, UNAVAILABLE loading or
+                unloaded); the HTTP endpoint answers them all "not ready", as Triton's.
         """
 
         async def check() -> bool:

@@ -30,6 +30,7 @@ from api.grpc.codec import (
 from api.grpc.guard import REDIS_OUTAGE, RPC_GROUPS, guard_servicer, translate
 from api.repository_params import load_parameters, unload_dependents
 from api.shared_memory import SHM_DISABLED
+from api.trace import TRACE_UNSUPPORTED
 from broker.errors import ErrorCode, SluiceError
 
 __all__ = ["InferenceServicer", "build_servicer"]
@@ -320,7 +321,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self, request: service_pb2.TraceSettingRequest, context: grpc.aio.ServicerContext
     ) -> service_pb2.TraceSettingResponse:
         """The trace extension is not implemented."""
-        raise SluiceError(ErrorCode.UNSUPPORTED, "trace is not supported by this server")
+        raise SluiceError(ErrorCode.UNSUPPORTED, TRACE_UNSUPPORTED)
 
     async def LogSettings(
         self, request: service_pb2.LogSettingsRequest, context: grpc.aio.ServicerContext

@@ -7,6 +7,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from api.http.responses import dataplane, empty, error_response
+from broker.errors import SluiceError
 
 router = APIRouter(tags=["health"])
 
@@ -24,19 +25,29 @@ async def ready(request: Request) -> Response:
     return empty(200 if await dataplane(request).server_ready() else 400)
 
 
-@router.get("/v2/models/{model_name}/ready")
-async def model_ready(request: Request, model_name: str) -> Response:
-    """200 when some version of the model is READY with a live instance; errors as
-    Triton's (404/503; 400 "Model version not ready" when no instance is live)."""
-    if await dataplane(request).model_ready(model_name, None):
+async def _model_ready(request: Request, model_name: str, version: int | None) -> Response:
+    try:
+        ready = await dataplane(request).model_ready(model_name, version)
+    except SluiceError:
+        # Triton InferenceServer::ModelIsReady answers an unknown, unloaded or loading
+        # model with success and ready=false, which http_server.cc HandleModelReady turns
+        # into 400 "Model version not ready"
+        ready = False
+    if ready:
         return empty(200)
     return error_response("Model version not ready", 400)
+
+
+@router.get("/v2/models/{model_name}/ready")
+async def model_ready(request: Request, model_name: str) -> Response:
+    """200 when some version of the model is READY with a live instance, else (an
+    unknown, unloaded or loading model, or no live instance) 400 "Model version not
+    ready", as Triton's HTTP endpoint."""
+    return await _model_ready(request, model_name, None)
 
 
 @router.get("/v2/models/{model_name}/versions/{model_version:int}/ready")
 async def model_version_ready(request: Request, model_name: str, model_version: int) -> Response:
-    """200 when that version is READY with a live instance; errors as Triton's
-    (404/503; 400 "Model version not ready" when no instance is live)."""
-    if await dataplane(request).model_ready(model_name, model_version):
-        return empty(200)
-    return error_response("Model version not ready", 400)
+    """200 when that version is READY with a live instance, else 400 "Model version not
+    ready" (an unknown model or version included), as Triton's HTTP endpoint."""
+    return await _model_ready(request, model_name, model_version)

@@ -30,11 +30,18 @@ def test_model_ready(http_client) -> None:
 def test_server_metadata(http_client) -> None:
     meta = http_client.get_server_metadata()
     assert meta["name"] == "triton"
-    assert "binary_tensor_data" in meta["extensions"]
-    assert "model_configuration" in meta["extensions"]
-    assert "statistics" in meta["extensions"]
-    assert "classification" in meta["extensions"]
-    assert "sequence" not in meta["extensions"]  # not advertised until implemented
+    # what is implemented, in Triton's order (sequence, shared memory and trace are not)
+    assert meta["extensions"] == [
+        "classification",
+        "model_repository",
+        "model_repository(unload_dependents)",
+        "schedule_policy",
+        "model_configuration",
+        "binary_tensor_data",
+        "parameters",
+        "statistics",
+        "logging",
+    ]
 
 
 def test_model_metadata(http_client) -> None:
@@ -107,10 +114,14 @@ def test_repository_index(http_client) -> None:
 
 
 def test_unknown_model_endpoints(server) -> None:
-    for path in ("/v2/models/nope", "/v2/models/nope/config", "/v2/models/nope/ready"):
+    for path in ("/v2/models/nope", "/v2/models/nope/config"):
         response = requests.get(server.base + path, timeout=5)
         assert response.status_code == 404, path
         assert response.json() == {"error": "Request for unknown model: 'nope' is not found"}
+    # readiness of an unknown model is "not ready", not an error (Triton's ModelIsReady
+    # succeeds with ready=false; http_server.cc HandleModelReady answers 400)
+    response = requests.get(server.base + "/v2/models/nope/ready", timeout=5)
+    assert (response.status_code, response.json()) == (400, {"error": "Model version not ready"})
     response = requests.get(server.base + "/v2/models/versioned/versions/3", timeout=5)
     assert response.status_code == 404
     assert response.json()["error"] == (
@@ -221,3 +232,24 @@ def test_half_close_racing_the_answer_still_gets_it(server) -> None:
         thread.join(timeout=30)
     assert not lost, f"{len(lost)} of {len(lost) + answered[0]} answers lost: {lost[:3]}"
     assert answered[0] > 200
+
+
+def test_trace_settings_refused_as_over_grpc(server, http_client) -> None:
+    """The trace extension is not implemented: HTTP answers 501 with the text the gRPC
+    ``TraceSetting`` call gets (UNIMPLEMENTED), not a "no such route" 404."""
+    from tritonclient.utils import InferenceServerException
+
+    expected = {"error": "trace is not supported by this server"}
+    for method, path in (
+        ("GET", "/v2/trace/setting"),
+        ("POST", "/v2/trace/setting"),
+        ("GET", "/v2/models/add_sub/trace/setting"),
+    ):
+        response = requests.request(
+            method, server.base + path, json={"trace_level": ["TIMESTAMPS"]}, timeout=5
+        )
+        assert (response.status_code, response.json()) == (501, expected), (method, path)
+    with pytest.raises(InferenceServerException) as info:
+        http_client.get_trace_settings()
+    assert info.value.status() == "501"
+    assert "trace" not in http_client.get_server_metadata()["extensions"]

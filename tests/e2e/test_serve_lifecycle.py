@@ -42,6 +42,11 @@ def _small_repo(model_repository: Path, tmp_path: Path, broken: bool) -> Path:
         shutil.copytree(model_repository / "add_sub", repo / "mismatch")
         config = (repo / "mismatch/config.pbtxt").read_text().replace('"add_sub"', '"mismatch"')
         (repo / "mismatch/config.pbtxt").write_text(config.replace("dims: [ 16 ]", "dims: [ 3 ]"))
+        # a config that leaves out one of the graph's two inputs (Triton refuses it at load)
+        shutil.copytree(model_repository / "add_sub", repo / "partial")
+        config = (repo / "partial/config.pbtxt").read_text().replace('"add_sub"', '"partial"')
+        head, _, rest = config.partition("  },\n  {\n    name: \"INPUT1\"")
+        (repo / "partial/config.pbtxt").write_text(head + "  }\n]" + rest.split("]", 2)[2])
         (repo / "badconfig/1").mkdir(parents=True)
         (repo / "badconfig/config.pbtxt").write_text('platform: "onnxruntime_onnx"\nbogus: 1\n')
     return repo
@@ -103,6 +108,11 @@ def test_broken_models_reported_while_others_serve(model_repository, redis_url, 
             "input 'INPUT0' has shape [-1,16] in the ONNX model but the configuration "
             "specifies [-1,3]" in states["mismatch"]["reason"]
         ), states["mismatch"]
+        assert states["partial"]["state"] == "UNAVAILABLE"
+        assert (
+            "unable to load model 'partial', configuration expects 1 inputs, model provides 2"
+            in states["partial"]["reason"]
+        ), states["partial"]
         assert states["badconfig"]["state"] == "UNAVAILABLE"
         assert "bogus" in states["badconfig"]["reason"]
         assert client.is_server_live()
@@ -113,6 +123,14 @@ def test_broken_models_reported_while_others_serve(model_repository, redis_url, 
         assert grpc_health_status(server.grpc_url) == "NOT_SERVING"
         assert client.is_model_ready("add_sub")
         assert not client.is_model_ready("broken")
+        # Triton's HTTP model ready: 400 "Model version not ready" for any model that is not
+        # ready, unknown ones included (http_server.cc HandleModelReady)
+        for path in ("broken", "broken/versions/1", "nosuch"):
+            raw = requests.get(f"{server.base}/v2/models/{path}/ready", timeout=5)
+            assert (raw.status_code, raw.json()) == (
+                400,
+                {"error": "Model version not ready"},
+            ), path
         client.close()  # tritonclient.http is gevent-based: never leave one to the GC
     finally:
         assert stop_server(server) == 0, server.log()
