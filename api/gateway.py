@@ -335,8 +335,9 @@ async def _release_unanswerable(dataplane: DataPlane) -> None:
         )
         if failed:
             logger.warning(
-                "exiting: %d request(s) waited for answers no instance can give any more "
-                "(lost, e.g. by a Redis restart); answered 503 / UNAVAILABLE",
+                "exiting: %d request(s) still waited for an answer and no model instance "
+                "is left to give one (stopped at the exit timeout, or the request was lost "
+                "with Redis); answered 503 / UNAVAILABLE",
                 failed,
             )
 

@@ -139,7 +139,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     ) -> service_pb2.ModelInferResponse:
         model = request.model_name
         version = parse_version(request.model_version, model)
-        view, _ = await self._dp.registry.resolve(model, version)  # unknown model first
+        # unknown model first; a stopping server's 503 / UNAVAILABLE rather than the 404 of
+        # the versions it unloads while it exits (as HTTP)
+        view, _ = await self._dp.resolve_for_infer(model, version)
         if view.decoupled:
             raise SluiceError(
                 ErrorCode.UNSUPPORTED,

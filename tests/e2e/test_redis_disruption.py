@@ -317,4 +317,4 @@ def test_a_request_a_redis_restart_lost_does_not_hold_up_the_exit(
     assert code == 0
     assert exit_s < 10, (exit_s, log[-3000:])
     assert "no model instance is left" in str(outcomes.get(3)), outcomes
-    assert "waited for answers no instance can give" in log
+    assert "still waited for an answer and no model instance is left to give one" in log

@@ -337,6 +337,62 @@ def test_requests_during_ctrl_c_are_answered_or_refused_at_once(
     assert all("shutting down" in kind for kind in refused), refused
 
 
+def test_a_stopped_deployment_answers_shutting_down_over_both_protocols(
+    model_repository, redis_url, tmp_path
+) -> None:
+    """Requests that reach a gateway after its deployment began to stop get 503 /
+    UNAVAILABLE "Server is shutting down", over HTTP and gRPC alike (unary and stream),
+    not the 404 / NOT_FOUND of the versions the stopping server unloaded. gRPC resolved
+    the model before the check that tells the two apart (a stream request sent after
+    SIGTERM got "... has no available versions", a fresh-user finding)."""
+    import signal
+
+    import tritonclient.grpc as grpcclient
+
+    server = start_server(
+        _small_repo(model_repository, tmp_path, False), redis_url, tmp_path / "serve.log"
+    )
+    gateway, port, grpc_port = start_gateway(
+        server.redis_url, server.key_prefix, tmp_path / "gateway.log"
+    )
+    try:
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+        wait_server_ready(http)
+        server.process.send_signal(signal.SIGINT)  # the gateway started apart keeps running
+        assert server.process.wait(30) == 0, server.log()
+        x = np.ones((1, 16), np.float32)
+        grpc_inputs = [grpcclient.InferInput(n, [1, 16], "FP32") for n in ("INPUT0", "INPUT1")]
+        for tensor in grpc_inputs:
+            tensor.set_data_from_numpy(x)
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        with pytest.raises(InferenceServerException) as info:
+            grpc.infer("add_sub", grpc_inputs)
+        assert info.value.status() == "StatusCode.UNAVAILABLE"
+        assert "Server is shutting down" in info.value.message()
+        answers: list[object] = []
+        grpc.start_stream(callback=lambda result, error: answers.append(error or result))
+        grpc.async_stream_infer("add_sub", grpc_inputs)
+        deadline = time.monotonic() + 10
+        while not answers and time.monotonic() < deadline:
+            time.sleep(0.05)
+        grpc.stop_stream()
+        assert len(answers) == 1 and isinstance(answers[0], InferenceServerException)
+        assert "Server is shutting down" in answers[0].message(), answers[0].message()
+        http_inputs = [httpclient.InferInput(n, [1, 16], "FP32") for n in ("INPUT0", "INPUT1")]
+        for tensor in http_inputs:
+            tensor.set_data_from_numpy(x)
+        with pytest.raises(InferenceServerException) as info:
+            http.infer("add_sub", http_inputs)
+        assert info.value.status() == "503"
+        assert "Server is shutting down" in info.value.message()
+        http.close()
+        grpc.close()
+    finally:
+        gateway.terminate()
+        gateway.wait(10)
+        stop_server(server)
+
+
 def test_gateway_is_not_ready_when_no_instance_lives(model_repository, redis_url, tmp_path) -> None:
     """A gateway left running after its deployment was SIGKILLed stops claiming readiness."""
     import tritonclient.grpc as grpcclient
