@@ -134,8 +134,8 @@ def _batch_size(view: ModelView, inputs: Sequence[WireTensor]) -> int:
     batch = batch or 0
     if batch > view.max_batch_size:
         raise invalid_arg(
-            f"inference request batch-size must be <= {view.max_batch_size} for '{model}', "
-            f"got {batch}",
+            # Triton core InferenceRequest::Normalize's text, word for word
+            f"inference request batch-size must be <= {view.max_batch_size} for '{model}'",
             model=model,
         )
     return batch
