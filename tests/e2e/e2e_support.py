@@ -326,6 +326,25 @@ def start_gateway(
     return process, port, grpc_port
 
 
+def wait_server_live(client: object, timeout_s: float = 30.0) -> None:
+    """Poll ``client.is_server_live()`` (tritonclient) until true (a gateway that answers),
+    for a deployment whose readiness may be false for other reasons (a model left
+    UNAVAILABLE by an earlier test under strict readiness).
+
+    Raises:
+        AssertionError: not live within ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if client.is_server_live():  # type: ignore[attr-defined]
+                return
+        except Exception:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"gateway not live within {timeout_s} s")
+
+
 def wait_server_ready(client: object, timeout_s: float = 30.0) -> None:
     """Poll ``client.is_server_ready()`` (tritonclient) until true or ``timeout_s`` passed;
     errors while the gateway starts count as not ready."""

@@ -25,7 +25,7 @@ from e2e_support import (
     start_gateway,
     start_server,
     stop_server,
-    wait_server_ready,
+    wait_server_live,
 )
 from tritonclient.utils import InferenceServerException
 
@@ -350,7 +350,9 @@ def test_second_gateway_sees_the_same_models(explicit_server: Server, tmp_path: 
     )
     try:
         second = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
-        wait_server_ready(second)
+        # live, not ready: earlier tests may leave the shared explicit server not ready
+        # (a failed load under strict readiness), and waiting for ready cost 30 s then
+        wait_server_live(second)
         first = httpclient.InferenceServerClient(explicit_server.http_url)
         assert second.get_model_repository_index() == first.get_model_repository_index()
         a = np.ones((1, 16), np.float32)
