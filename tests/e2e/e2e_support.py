@@ -326,6 +326,20 @@ def start_gateway(
     return process, port, grpc_port
 
 
+def _poll(probe: Callable[[], bool], timeout_s: float) -> bool:
+    """Call ``probe`` every 0.1 s until it answers True (errors count as False) or
+    ``timeout_s`` passed; whether it did."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if probe():
+                return True
+        except Exception:
+            pass
+        time.sleep(0.1)
+    return False
+
+
 def wait_server_live(client: object, timeout_s: float = 30.0) -> None:
     """Poll ``client.is_server_live()`` (tritonclient) until true (a gateway that answers),
     for a deployment whose readiness may be false for other reasons (a model left
@@ -334,28 +348,14 @@ def wait_server_live(client: object, timeout_s: float = 30.0) -> None:
     Raises:
         AssertionError: not live within ``timeout_s``.
     """
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if client.is_server_live():  # type: ignore[attr-defined]
-                return
-        except Exception:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"gateway not live within {timeout_s} s")
+    if not _poll(client.is_server_live, timeout_s):  # type: ignore[attr-defined]
+        raise AssertionError(f"gateway not live within {timeout_s} s")
 
 
 def wait_server_ready(client: object, timeout_s: float = 30.0) -> None:
     """Poll ``client.is_server_ready()`` (tritonclient) until true or ``timeout_s`` passed;
     errors while the gateway starts count as not ready."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if client.is_server_ready():  # type: ignore[attr-defined]
-                return
-        except Exception:
-            pass
-        time.sleep(0.1)
+    _poll(client.is_server_ready, timeout_s)  # type: ignore[attr-defined]
 
 
 def stop_server(server: Server, timeout_s: float = 30.0) -> int:

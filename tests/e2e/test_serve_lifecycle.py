@@ -188,9 +188,8 @@ class TritonPythonModel:
 """
 
 
-def test_request_that_kills_its_instance_is_failed_not_retried_forever(
-    model_repository, redis_url, tmp_path
-) -> None:
+def _crasher_repo(tmp_path: Path) -> Path:
+    """A repository with the ``crasher`` model (:data:`CRASHER`, one instance)."""
     repo = tmp_path / "repo"
     (repo / "crasher/1").mkdir(parents=True)
     (repo / "crasher/1/model.py").write_text(CRASHER)
@@ -200,21 +199,29 @@ def test_request_that_kills_its_instance_is_failed_not_retried_forever(
         'output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
         "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
     )
-    server = start_server(repo, redis_url, tmp_path / "serve.log")
+    return repo
+
+
+def _crasher_input(value: int) -> list[httpclient.InferInput]:
+    """``X`` = [[value]] (INT32); 5 kills the instance."""
+    tensor = httpclient.InferInput("X", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[value]], np.int32))
+    return [tensor]
+
+
+def test_request_that_kills_its_instance_is_failed_not_retried_forever(
+    model_repository, redis_url, tmp_path
+) -> None:
+    server = start_server(_crasher_repo(tmp_path), redis_url, tmp_path / "serve.log")
     try:
         client = httpclient.InferenceServerClient(
             server.http_url, network_timeout=60, concurrency=4
         )
 
-        def tensor(value: int) -> list[httpclient.InferInput]:
-            t = httpclient.InferInput("X", [1, 1], "INT32")
-            t.set_data_from_numpy(np.array([[value]], np.int32))
-            return [t]
-
         started = time.monotonic()
-        poison = client.async_infer("crasher", tensor(5))
+        poison = client.async_infer("crasher", _crasher_input(5))
         time.sleep(1.0)
-        normal = [client.async_infer("crasher", tensor(v)) for v in (1, 2, 3)]
+        normal = [client.async_infer("crasher", _crasher_input(v)) for v in (1, 2, 3)]
         with pytest.raises(InferenceServerException) as info:
             poison.get_result(timeout=60)
         assert info.value.status() == "500"
@@ -235,32 +242,18 @@ def test_an_instance_that_dies_running_requests_is_restarted_without_backoff(
     doubled per death of an instance that ran under 10 s), so the poison requests took
     half a minute to fail and a normal request behind them waited as long. An instance
     that reported READY and died holding requests is now started again at once."""
-    repo = tmp_path / "repo"
-    (repo / "crasher/1").mkdir(parents=True)
-    (repo / "crasher/1/model.py").write_text(CRASHER)
-    (repo / "crasher/config.pbtxt").write_text(
-        'backend: "python"\nmax_batch_size: 4\n'
-        'input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
-        'output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
-        "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
-    )
-    server = start_server(repo, redis_url, tmp_path / "serve.log")
+    server = start_server(_crasher_repo(tmp_path), redis_url, tmp_path / "serve.log")
     try:
         client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
-
-        def tensor(value: int) -> list[httpclient.InferInput]:
-            t = httpclient.InferInput("X", [1, 1], "INT32")
-            t.set_data_from_numpy(np.array([[value]], np.int32))
-            return [t]
 
         started = time.monotonic()
         for _ in range(3):
             with pytest.raises(InferenceServerException) as info:
-                client.infer("crasher", tensor(5))
+                client.infer("crasher", _crasher_input(5))
             assert "an instance exited while running this request" in info.value.message()
         poisoned_s = time.monotonic() - started
         answered = time.monotonic()
-        assert client.infer("crasher", tensor(7)).as_numpy("Y").tolist() == [[7]]
+        assert client.infer("crasher", _crasher_input(7)).as_numpy("Y").tolist() == [[7]]
         normal_s = time.monotonic() - answered
         # six restarts of a python model take ~1 s each here; with the backoff they took
         # 0.5 + 1 + 2 + 4 + 8 + 16 s more, and the normal request waited up to 30 s
