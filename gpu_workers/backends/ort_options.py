@@ -25,19 +25,21 @@ README, "Model Config Options" and "ONNX Runtime with TensorRT optimization"):
   (``session.intra_op.allow_spinning`` = ``"0"``), because spinning threads burn
   the cores that the worker's Redis polling and the gateway need; the config
   parameter ``session.intra_op.allow_spinning`` = ``"1"`` turns it back on.
-* Sluice's own: a KIND_CPU instance whose config sets no ``intra_op_thread_count``
-  gets ``max(1, (cores - 1) // CPU instances of the model)`` intra-op threads
-  (:func:`default_intra_op_threads`): the instance's share of the cores but one,
-  left to the gateway and Redis (ORT would give each instance every core, so N
-  instances would oversubscribe them N times, and the gateway would wait behind
-  ORT's threads). On 2 cores the MLP of ``benchmarks/bench_anchors.py`` at
-  concurrency 32 served 13% more requests per second with 1 thread than with 2 in
-  three alternating pairs (5072/4914/5165 vs 4546/4439/4403/s, 2026-11-30, with
-  Triton at 5686-5848/s in the same minutes), the same at concurrency 8
-  (1761/1764 vs 1757/1807) and 4% fewer at concurrency 1 (286/279 vs 298/294). (A
-  run on 2026-11-29, before the gateway sent its ``XADD`` commands within long loop
-  iterations, had measured the opposite: 5.9k/s with 2 threads against 4.9k/s.)
-  ``intra_op_thread_count: 0`` still asks for ORT's default.
+* A KIND_CPU instance whose config sets no ``intra_op_thread_count`` gets
+  ``max(1, cores // CPU instances of the model)`` intra-op threads
+  (:func:`default_intra_op_threads`): ORT's own default (every core) for a single
+  instance, as Triton's onnxruntime backend leaves it, and a share of the cores for
+  several (ORT would give each instance every core, so N instances would oversubscribe
+  them N times). ``intra_op_thread_count: 0`` still asks for ORT's default.
+  Measured with ``benchmarks/bench_pairs.py`` (MLP, concurrency 32, Triton in the same
+  minutes), the right count depends on the machine, which is why Sluice follows ORT
+  and Triton rather than its own rule: on a 2-vCPU AMD EPYC VM where one ORT thread
+  runs a batch of 30 in ~1.9 ms and two in ~0.9 ms (2026-12-01), two threads served
+  0.88-0.95 of Triton's requests per second against 0.70-0.75 with one thread, and
+  2-7% more at concurrency 8, the same at 1. On a slower 2-vCPU VM where the MLP's
+  batches were memory-bound (~1 ms a call for its 21 MB of weights), one thread had
+  served 13% more at concurrency 32 (2026-11-30; the rule was then ``cores - 1``,
+  leaving a core to the gateway and Redis).
 """
 
 from __future__ import annotations
@@ -209,9 +211,9 @@ def _providers(
 def default_intra_op_threads(config: ModelConfig, cores: int) -> int:
     """Intra-op threads of a KIND_CPU instance whose config names none (Sluice's default).
 
-    ``max(1, (cores - 1) // n)`` where ``n`` is the model's KIND_CPU instance count
-    (Σ ``instance_group.count``): the instance's share of the cores but one, which is
-    left to the gateway and Redis that share the machine under ``sluice serve``.
+    ``max(1, cores // n)`` where ``n`` is the model's KIND_CPU instance count
+    (Σ ``instance_group.count``): every core for one instance (ORT's default, which
+    Triton's onnxruntime backend keeps), an equal share of them for several.
 
     Args:
         config: the effective model config (``instance_group`` completed).
@@ -222,7 +224,7 @@ def default_intra_op_threads(config: ModelConfig, cores: int) -> int:
         for group in config.instance_group
         if group.kind == ModelInstanceGroup.Kind.KIND_CPU
     )
-    return max(1, (cores - 1) // max(1, instances))
+    return max(1, cores // max(1, instances))
 
 
 def session_settings(

@@ -39,7 +39,7 @@ def test_defaults_cpu_and_no_spinning() -> None:
     assert settings.intra_op_threads is None  # ORT's default off the CPU
     settings = session_settings(_config(), "CPU", 0, CPU_ONLY, cores=2)
     assert settings.providers == ["CPUExecutionProvider"]
-    assert settings.intra_op_threads == 1 and settings.inter_op_threads is None
+    assert settings.intra_op_threads == 2 and settings.inter_op_threads is None
     assert settings.execution_mode is None and settings.graph_level is None
     assert settings.config_entries == {"session.intra_op.allow_spinning": "0"}
     assert settings.warnings == []
@@ -48,15 +48,16 @@ def test_defaults_cpu_and_no_spinning() -> None:
 @pytest.mark.parametrize(
     ("groups", "cores", "threads"),
     [
-        ("", 2, 1),  # no group: one instance; one core is left to the gateway
-        ("instance_group [ { kind: KIND_CPU count: 1 } ]", 2, 1),
+        ("", 2, 2),  # no group: one instance, every core (ORT's default)
+        ("instance_group [ { kind: KIND_CPU count: 1 } ]", 2, 2),
         ("instance_group [ { kind: KIND_CPU count: 1 } ]", 1, 1),
-        ("instance_group [ { kind: KIND_CPU count: 1 } ]", 16, 15),
-        ("instance_group [ { kind: KIND_CPU count: 4 } ]", 16, 3),
-        ("instance_group [ { kind: KIND_CPU count: 2 }, { kind: KIND_CPU count: 2 } ]", 16, 3),
+        ("instance_group [ { kind: KIND_CPU count: 1 } ]", 16, 16),
+        ("instance_group [ { kind: KIND_CPU count: 4 } ]", 16, 4),
+        ("instance_group [ { kind: KIND_CPU count: 2 }, { kind: KIND_CPU count: 2 } ]", 16, 4),
+        ("instance_group [ { kind: KIND_CPU count: 2 } ]", 2, 1),
         ("instance_group [ { kind: KIND_CPU count: 3 } ]", 2, 1),
         ("instance_group [ { kind: KIND_CPU count: 3 } ]", 16, 5),
-        ("instance_group [ { kind: KIND_CPU count: 1 }, { kind: KIND_GPU count: 4 } ]", 8, 7),
+        ("instance_group [ { kind: KIND_CPU count: 1 }, { kind: KIND_GPU count: 4 } ]", 8, 8),
     ],
 )
 def test_default_intra_op_threads_share_the_cores(groups: str, cores: int, threads: int) -> None:
@@ -86,7 +87,7 @@ def test_thread_counts_and_execution_mode(
     params: dict[str, str], intra: int | None, inter: int | None, mode: str | None
 ) -> None:
     settings = session_settings(_config(_params(**params)), "CPU", 0, CPU_ONLY, cores=8)
-    default = 7  # max(1, (8 - 1) // 1) when the config names none
+    default = 8  # max(1, 8 // 1) when the config names none
     assert settings.intra_op_threads == (default if intra is None else intra)
     assert settings.inter_op_threads == inter
     assert settings.execution_mode == mode
