@@ -223,6 +223,13 @@ def check_gateway_start(argv: list[str]) -> str | None:
     if settings.metrics.enabled:
         address = settings.metrics.address or settings.http.address
         listeners.append(("metrics", address, settings.metrics.port))
+    for index, (what, address, port) in enumerate(listeners):
+        for other, other_address, other_port in listeners[:index]:
+            if port and port == other_port and _overlap(address, other_address):
+                return (
+                    f"the {other} and {what} ports are both {port} on {address}: each "
+                    "listener needs a port of its own"
+                )
     for what, address, port in listeners:
         if port and not port_is_free(address, port):
             reason = f"the {what} port {port} on {address} is in use by another process"
@@ -235,6 +242,13 @@ def check_gateway_start(argv: list[str]) -> str | None:
                 )
             return reason
     return None
+
+
+def _overlap(first: str, second: str) -> bool:
+    """Whether listeners on these two addresses would take the same port (the same
+    address, or either a wildcard)."""
+    wildcards = ("0.0.0.0", "::", "")
+    return first == second or first in wildcards or second in wildcards
 
 
 def ephemeral_port_range() -> tuple[int, int]:

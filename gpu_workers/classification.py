@@ -14,11 +14,26 @@ from pathlib import Path
 import numpy as np
 
 
-def read_labels(model_dir: Path, label_filename: str) -> list[str]:
-    """Lines of ``model_dir / label_filename`` (empty list when no file is named)."""
+def read_labels(
+    model_dir: Path, label_filename: str, model: str = "", output: str = ""
+) -> list[str]:
+    """Lines of ``model_dir / label_filename`` (empty list when no file is named).
+
+    Raises:
+        ValueError: the file cannot be read (the model fails to load, as in Triton),
+            naming the model, the output and the file.
+    """
     if not label_filename:
         return []
-    return (model_dir / label_filename).read_text().splitlines()
+    path = model_dir / label_filename
+    try:
+        return path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ValueError(
+            f"model '{model}', output '{output}': cannot read label_filename "
+            f"'{label_filename}' ({path}): {reason}"
+        ) from None
 
 
 def _value_text(value: np.generic) -> str:

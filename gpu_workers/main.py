@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             version_dir=args.model_dir / str(args.version),
         )
         labels = {
-            o.name: read_labels(args.model_dir, o.label_filename)
+            o.name: read_labels(args.model_dir, o.label_filename, args.model, o.name)
             for o in config.output
             if o.label_filename
         }

@@ -88,6 +88,14 @@ def _check_tensors(ctx: InstanceContext, kind: str, configured: Any, graph: Sequ
         if batching:
             dims = [-1, *dims]
         model_dims = [d if isinstance(d, int) and d >= 0 else -1 for d in (arg.shape or [])]
+        if batching and model_dims and model_dims[0] != -1:
+            # Triton backend common CompareDimsSupported: a batching model's tensors need a
+            # variable first dimension (else every batch but the graph's own size fails)
+            raise ValueError(
+                f"model '{model}', tensor '{tensor.name}': for the model to support batching "
+                "the shape should have at least 1 dimension and the first dimension must be "
+                f"-1; but shape expected by the model is {_dims_text(model_dims)}"
+            )
         compatible = len(dims) == len(model_dims) and all(
             m == -1 or c == -1 or m == c for c, m in zip(dims, model_dims, strict=True)
         )
@@ -105,7 +113,8 @@ def check_model_io(ctx: InstanceContext, session: Any) -> None:
     Raises:
         ValueError: the config lists more or fewer inputs than the graph has (initializers
             aside), a configured input/output is missing from the graph, or its datatype
-            or shape (batch dimension included) differs, naming the model and tensor.
+            or shape (batch dimension included) differs, or ``max_batch_size`` > 0 and the
+            graph fixes its first dimension, naming the model and tensor.
     """
     graph_inputs = session.get_inputs()
     if len(ctx.config.input) != len(graph_inputs):

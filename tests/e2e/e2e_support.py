@@ -85,9 +85,9 @@ def _scale_model(factor: float, dims: list[object]) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=OPSET)
 
 
-def write_scale_model(path: Path, factor: float) -> None:
-    """An ONNX file computing OUTPUT0 = factor × INPUT0 (FP32 [-1, 4])."""
-    _save(_scale_model(factor, ["b", 4]), path)
+def write_scale_model(path: Path, factor: float, dims: list[object] | None = None) -> None:
+    """An ONNX file computing OUTPUT0 = factor × INPUT0 (FP32 ``dims``, default [-1, 4])."""
+    _save(_scale_model(factor, ["b", 4] if dims is None else dims), path)
 
 
 def build_versioned(repo: Path) -> None:

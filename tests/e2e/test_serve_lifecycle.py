@@ -19,6 +19,7 @@ from e2e_support import (
     start_server,
     stop_server,
     wait_server_ready,
+    write_scale_model,
 )
 from tritonclient.utils import InferenceServerException
 
@@ -49,6 +50,15 @@ def _small_repo(model_repository: Path, tmp_path: Path, broken: bool) -> Path:
         (repo / "partial/config.pbtxt").write_text(head + "  }\n]" + rest.split("]", 2)[2])
         (repo / "badconfig/1").mkdir(parents=True)
         (repo / "badconfig/config.pbtxt").write_text('platform: "onnxruntime_onnx"\nbogus: 1\n')
+        # a batching config on a graph whose first dimension is fixed (1): Triton refuses
+        # it at load, instead of failing every batch but those of 1
+        write_scale_model(repo / "fixedbatch/1/model.onnx", 2.0, [1, 4])
+        (repo / "fixedbatch/config.pbtxt").write_text(
+            'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+            'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+            'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+            "dynamic_batching { }\n"
+        )
     return repo
 
 
@@ -113,6 +123,12 @@ def test_broken_models_reported_while_others_serve(model_repository, redis_url, 
             "unable to load model 'partial', configuration expects 1 inputs, model provides 2"
             in states["partial"]["reason"]
         ), states["partial"]
+        assert states["fixedbatch"]["state"] == "UNAVAILABLE"
+        assert (
+            "model 'fixedbatch', tensor 'INPUT0': for the model to support batching the shape "
+            "should have at least 1 dimension and the first dimension must be -1; but shape "
+            "expected by the model is [1,4]" in states["fixedbatch"]["reason"]
+        ), states["fixedbatch"]
         assert states["badconfig"]["state"] == "UNAVAILABLE"
         assert "bogus" in states["badconfig"]["reason"]
         assert client.is_server_live()
@@ -445,6 +461,7 @@ def _held_port() -> tuple[socket.socket, int]:
     ("case", "expected"),
     [
         ("port taken", "is in use by another process"),
+        ("one port twice", "the HTTP and gRPC ports are both"),
         ("bad flag", "invalid gateway settings: request_timeout_s: Input should be greater than 0"),
         ("no repository", "failed to open model repository"),
         ("no redis", "cannot use Redis at redis://127.0.0.1:"),
@@ -461,6 +478,7 @@ def test_start_up_failure_exits_with_one_line(
     held, port = _held_port()
     extra = {
         "port taken": ["--http-port", str(port), "--gateway-processes", "2"],
+        "one port twice": ["--http-port", str(port + 1), "--grpc-port", str(port + 1)],
         "bad flag": ["--request-timeout-secs", "-5"],
         "no repository": [],
         "no redis": [],
