@@ -338,9 +338,9 @@ class DataPlane:
                 "explicit model load / unload is not allowed if polling is enabled",
             )
 
-    async def _count_rejection(self, model: str, version: int) -> None:
+    async def _count_rejection(self, model: str, version: int, request_ns: int) -> None:
         delta = StatsDelta()
-        delta.failure(request_ns=0, reason="REJECTED")
+        delta.failure(request_ns=request_ns, reason="REJECTED")
         key = self._keys.stats(model, version)
         await self.connection.run_all(
             [("HINCRBY", key, name, n) for name, n in delta.counts.items()]
@@ -564,7 +564,9 @@ class DataPlane:
             message.deadline_ns,
             functools.partial(self._cancelled, stream, model, resolved, now_ns, queued),
         )
-        queued.add_done_callback(functools.partial(self._queued, future, model, resolved))
+        queued.add_done_callback(
+            functools.partial(self._queued, future, model, resolved, now_ns)
+        )
         return future
 
     def _queued(
@@ -572,9 +574,12 @@ class DataPlane:
         future: asyncio.Future[InferResponseMessage],
         model: str,
         version: int,
+        enqueued_ns: int,
         queued: asyncio.Future[Any],
     ) -> None:
-        """Redis answered the ``XADD``: a refusal or an unreachable Redis fails the request."""
+        """Redis answered the ``XADD``: a refusal or an unreachable Redis fails the request
+        (a queue-full refusal counts as a failure, reason REJECTED, lasting from the
+        request's arrival until now, as Triton's request statistics)."""
         if queued.cancelled():
             error: BaseException = SluiceError(
                 ErrorCode.UNAVAILABLE, "Server exiting: request not queued", model=model
@@ -584,7 +589,8 @@ class DataPlane:
         else:
             error = enqueue_error(exc, model)
         if isinstance(error, SluiceError) and error.message == QUEUE_FULL:
-            task = asyncio.ensure_future(self._count_rejection(model, version))
+            request_ns = max(0, time.time_ns() - enqueued_ns)
+            task = asyncio.ensure_future(self._count_rejection(model, version, request_ns))
             self._background.add(task)
             task.add_done_callback(self._counted)
         if not future.done():

@@ -298,7 +298,9 @@ class PythonBackend:
         Raises:
             RuntimeError: unsupported config (EXECUTION_ENV_PATH, decoupled).
             FileNotFoundError, ImportError: the model file is missing or broken.
-            Exception: whatever the model's ``initialize`` raises (fails the load).
+            RuntimeError: the model's ``initialize`` raised (fails the load); the message
+                names the exception's type, as python_backend's load error does
+                (``RuntimeError: boom``), and the original is chained.
         """
         config = ctx.config
         _check_supported(config)
@@ -319,7 +321,10 @@ class PythonBackend:
         self._output_names = [t.name for t in config.output]
         init = getattr(model, "initialize", None)
         if init is not None:
-            init(self.initialize_args(ctx))
+            try:
+                init(self.initialize_args(ctx))
+            except Exception as exc:
+                raise RuntimeError(f"{type(exc).__name__}: {exc}") from exc
         self._model = model
         logger.info(
             "Python model '%s' instance '%s' loaded from %s",

@@ -243,6 +243,8 @@ def test_exact_counters_on_metrics_and_statistics(server) -> None:
         assert d["inference_count"] == m["nv_inference_count"]
         assert d["execution_count"] == m["nv_inference_exec_count"]
         assert d["fail.count"] == sum(m[r] for r in REASONS)
+        if d["fail.count"]:  # a refusal lasts from its arrival to its answer (Triton)
+            assert d["fail.ns"] > 0, model
         assert d["queue.count"] == d["compute_infer.count"] == d["success.count"]
         assert d["success.ns"] > 0 and d["compute_infer.ns"] > 0
         # the duration counters are the statistics' ns sums in µs

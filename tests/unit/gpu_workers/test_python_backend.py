@@ -266,6 +266,26 @@ _STRING_IO = """
 """
 
 
+def test_an_initialize_that_raises_fails_the_load_naming_the_exception_type(
+    tmp_path: Path, load
+) -> None:
+    _write_model(
+        tmp_path, "initfails", _STRING_IO.format(name="initfails", extra=""),
+        """
+        class TritonPythonModel:
+            def initialize(self, args):
+                raise KeyError("weights")
+
+            def execute(self, requests):
+                return []
+        """,
+    )
+    with pytest.raises(RuntimeError) as info:
+        load("initfails", tmp_path)
+    assert str(info.value) == "KeyError: 'weights'"
+    assert isinstance(info.value.__cause__, KeyError)
+
+
 def test_initialize_args(tmp_path: Path, load) -> None:
     _write_model(
         tmp_path, "argsmodel", _STRING_IO.format(name="argsmodel", extra=""),
