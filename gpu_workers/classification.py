@@ -14,9 +14,7 @@ from pathlib import Path
 import numpy as np
 
 
-def read_labels(
-    model_dir: Path, label_filename: str, model: str = "", output: str = ""
-) -> list[str]:
+def read_labels(model_dir: Path, label_filename: str, model: str, output: str) -> list[str]:
     """Lines of ``model_dir / label_filename`` (empty list when no file is named).
 
     Raises:

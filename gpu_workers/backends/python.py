@@ -296,11 +296,11 @@ class PythonBackend:
         """Import the model file, instantiate ``TritonPythonModel``, call its ``initialize``.
 
         Raises:
-            RuntimeError: unsupported config (EXECUTION_ENV_PATH, decoupled).
+            RuntimeError: unsupported config (EXECUTION_ENV_PATH, decoupled), or the
+                model's ``initialize`` raised (fails the load; the message names the
+                exception's type, as python_backend's load error does, ``KeyError:
+                'weights'``, and the original is chained).
             FileNotFoundError, ImportError: the model file is missing or broken.
-            RuntimeError: the model's ``initialize`` raised (fails the load); the message
-                names the exception's type, as python_backend's load error does
-                (``RuntimeError: boom``), and the original is chained.
         """
         config = ctx.config
         _check_supported(config)
