@@ -308,7 +308,10 @@ def test_a_request_a_redis_restart_lost_does_not_hold_up_the_exit(
     try:
         for thread in busy:  # both instances busy for 2.5 s
             thread.start()
-        time.sleep(0.8)
+            # apart: sent within the 1 ms delay window they could share one batch on one
+            # instance, and the idle other would run request 3 before the restart
+            time.sleep(0.2)
+        time.sleep(0.6)
         queued = threading.Thread(target=send, args=(3, 0))
         queued.start()  # waits in the stream
         time.sleep(0.5)
