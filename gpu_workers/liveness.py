@@ -2,10 +2,11 @@
 
 Each instance writes its state with a wall-clock heartbeat to the version's
 instances hash every second, from a thread of its own (so a long execution
-does not stop it). Between batches, the instance loop asks :meth:`Liveness.recover`
-for work: every ``recover_interval_s`` it looks for instances whose heartbeat is
-older than ``stale_after_s`` (or that reported STOPPED / UNAVAILABLE) and claims
-their pending entries (``XCLAIM``), so a SIGKILLed instance loses no request.
+does not stop it); :mod:`gpu_workers.pulse` also sets the heartbeat from a process of
+its own, for an execution that holds the GIL. Between batches, the instance loop asks
+:meth:`Liveness.recover` for work: every ``recover_interval_s`` it looks for instances
+whose heartbeat is older than ``stale_after_s`` (or that reported STOPPED / UNAVAILABLE)
+and claims their pending entries (``XCLAIM``), so a SIGKILLed instance loses no request.
 
 Heartbeats are wall-clock times, so a Redis that stalls or restarts makes every
 instance's heartbeat look old at once. An instance whose own heartbeat write failed

@@ -250,6 +250,70 @@ def test_request_that_kills_its_instance_is_failed_not_retried_forever(
         assert stop_server(server) == 0, server.log()
 
 
+#: holds the GIL for SECONDS (whole seconds): libc's sleep through ``ctypes.PyDLL``, as a
+#: C extension that does not release it would
+GIL_HOLDER = """
+import ctypes
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+_sleep = ctypes.PyDLL(None).sleep
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            seconds = pb_utils.get_input_tensor_by_name(request, "SECONDS").as_numpy()
+            _sleep(ctypes.c_uint(int(seconds[0])))
+            out = pb_utils.Tensor("OUT", seconds.astype(np.float32))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+        return responses
+"""
+
+
+def test_an_execution_holding_the_gil_is_not_taken_for_a_dead_instance(
+    redis_url, tmp_path
+) -> None:
+    """An execute that holds the GIL for 8 s (past the 5 s stale bound) stopped its
+    instance's heartbeat thread: a peer instance claimed the request and ran it again,
+    and a model with one instance went not ready (and so did the server). The pulse
+    process keeps the heartbeat while the instance process lives, as Triton's Python
+    backend judges its stub by the process."""
+    repo = tmp_path / "repo"
+    for name, count in (("gil_two", 2), ("gil_one", 1)):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1/model.py").write_text(GIL_HOLDER)
+        (repo / name / "config.pbtxt").write_text(
+            'backend: "python"\nmax_batch_size: 0\n'
+            'input [ { name: "SECONDS" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+            'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+            f"instance_group [ {{ kind: KIND_CPU count: {count} }} ]\n"
+        )
+    server = start_server(repo, redis_url, tmp_path / "serve.log")
+    try:
+        client = httpclient.InferenceServerClient(
+            server.http_url, network_timeout=60, concurrency=2
+        )
+        seconds = httpclient.InferInput("SECONDS", [1], "FP32")
+        seconds.set_data_from_numpy(np.array([8.0], np.float32))
+        started = time.monotonic()
+        pending = {name: client.async_infer(name, [seconds]) for name in ("gil_two", "gil_one")}
+        time.sleep(6.5)  # both executions hold the GIL; every heartbeat thread is 6 s late
+        assert requests.get(f"{server.base}/v2/health/ready", timeout=5).status_code == 200
+        assert requests.get(f"{server.base}/v2/models/gil_one/ready", timeout=5).status_code == 200
+        for name, request in pending.items():
+            assert request.get_result(timeout=30).as_numpy("OUT").tolist() == [8.0], name
+        assert time.monotonic() - started < 12
+        time.sleep(2.0)  # a claim by the peer would have come at 5-7 s
+        assert "claimed" not in server.log()
+        stats = client.get_inference_statistics("gil_two")["model_stats"][0]
+        assert (stats["execution_count"], stats["inference_count"]) == (1, 1)
+        client.close()
+    finally:
+        assert stop_server(server) == 0, server.log()
+
+
 def test_an_instance_that_dies_running_requests_is_restarted_without_backoff(
     model_repository, redis_url, tmp_path
 ) -> None:

@@ -1,0 +1,118 @@
+"""A model instance's heartbeat kept fresh by a small process of its own.
+
+The instance's heartbeat thread (:class:`gpu_workers.liveness.Liveness`) needs the
+GIL. A model whose ``execute`` holds it for longer than the stale bound (a C extension
+that does not release it: a catastrophic regular expression, a ``ctypes.PyDLL`` call)
+stopped the thread, so its peers took the instance for dead, claimed its request and
+ran it a second time, and with one instance the gateways reported the model and the
+server not ready. Triton's Python backend judges its stub by whether the process is
+there, not by a beat that the model's code can hold up.
+
+:func:`start_pulse` starts ``python -m gpu_workers.pulse`` beside the instance. Once a
+second, while the instance process lives (it is this process's parent; the pulse
+also gets SIGKILL when it dies, ``PR_SET_PDEATHSIG``), it sets the ``heartbeat_ns`` of
+the instance's record to the current wall-clock time, and only while the record says
+READY with the instance's pid: state changes stay the instance's own writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import redis
+
+#: KEYS[1] instances hash; ARGV: instance name, pid, heartbeat (ns). Sets the record's
+#: heartbeat_ns in place when it is READY and belongs to that pid; returns 1 when set.
+#: The JSON text is edited, not re-encoded: cjson would write the ns as a float.
+_BUMP = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then return 0 end
+local ok, info = pcall(cjson.decode, raw)
+if not ok or type(info) ~= 'table' or info['state'] ~= 'READY'
+    or tostring(info['pid']) ~= ARGV[2] then
+  return 0
+end
+local updated, n = string.gsub(raw, '"heartbeat_ns": %d+', '"heartbeat_ns": ' .. ARGV[3], 1)
+if n ~= 1 then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], updated)
+return 1
+"""
+
+#: how long a stopping instance waits for its pulse to exit before killing it, in s.
+STOP_TIMEOUT_S = 2.0
+
+
+def start_pulse(
+    redis_url: str, instances_key: str, instance: str, interval_s: float = 1.0
+) -> subprocess.Popen[bytes]:
+    """Start the pulse process of this instance (this process is the instance).
+
+    Args:
+        redis_url: the instance's Redis.
+        instances_key: the version's instances hash (:meth:`broker.keys.KeySchema.instances`).
+        instance: the instance's name (its field in the hash).
+        interval_s: how often the heartbeat is set, in s.
+
+    Raises:
+        OSError: the process could not be started.
+    """
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "gpu_workers.pulse",
+            "--redis-url", redis_url, "--key", instances_key, "--instance", instance,
+            "--pid", str(os.getpid()), "--interval", str(interval_s),
+        ],
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def stop_pulse(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the pulse and wait for it (bounded by :data:`STOP_TIMEOUT_S`, then SIGKILL)."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(STOP_TIMEOUT_S)
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this process when its parent (the instance) exits (``PR_SET_PDEATHSIG``)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Set the instance's heartbeat every ``--interval`` s while the instance lives."""
+    parser = argparse.ArgumentParser(prog="python -m gpu_workers.pulse", description=__doc__)
+    parser.add_argument("--redis-url", required=True)
+    parser.add_argument("--key", required=True, help="the version's instances hash")
+    parser.add_argument("--instance", required=True, help="the instance's field in it")
+    parser.add_argument("--pid", required=True, type=int, help="the instance's process id")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between beats")
+    args = parser.parse_args(argv)
+    _die_with_parent()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    client = redis.Redis.from_url(
+        args.redis_url, protocol=2, socket_timeout=max(1.0, args.interval * 2)
+    )
+    bump = client.register_script(_BUMP)
+    while os.getppid() == args.pid:  # reparented: the instance is gone
+        # the instance's own heartbeat thread logs Redis outages
+        with contextlib.suppress(redis.exceptions.RedisError):
+            bump(keys=[args.key], args=[args.instance, args.pid, time.time_ns()])
+        time.sleep(args.interval)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
