@@ -29,7 +29,7 @@ from google.protobuf import json_format
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
 
 import triton_python_backend_utils as pb_utils
-from broker.datatypes import NUMPY_DTYPES
+from broker.datatypes import NUMPY_DTYPES, numpy_to_protocol
 from gpu_workers.backends.base import InferError, InferRequest, InferResponse, InstanceContext
 from repository.render import config_to_json
 
@@ -174,6 +174,25 @@ def to_pb_request(
     )
 
 
+def _to_config_dtype(array: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
+    """``array`` as the config's ``dtype``, or None when that would change its values.
+
+    A float or BOOL array converts as numpy converts it within or up the kinds (FP64 to
+    FP32, BOOL to INT8): rounding to the narrower float is what the config's type means.
+    Any other conversion (integer to float, float to integer or BOOL, integer to a
+    narrower or unsigned integer) is made only when every value is equal after it:
+    ``-1`` or ``300`` as UINT8, ``2.7`` as INT32, ``2`` as BOOL or ``2**40 + 1`` as FP32
+    would be silently different numbers. Triton's python_backend sends the model's own
+    datatype instead of the config's (python_backend ``InferResponse::Send``); Sluice
+    answers with the type the model metadata declares.
+    """
+    with np.errstate(invalid="ignore", over="ignore"):  # an FP32 overflow is inf
+        converted = array.astype(dtype)
+        if array.dtype.kind in "fb" and np.can_cast(array.dtype, dtype, "same_kind"):
+            return converted
+        return converted if np.array_equal(converted, array) else None
+
+
 def _as_bytes_array(array: np.ndarray) -> np.ndarray:
     """Any BYTES-like array -> ``object`` array of ``bytes`` (``str`` encoded as UTF-8)."""
     if array.dtype == object and all(isinstance(v, bytes) for v in array.flat):
@@ -261,7 +280,16 @@ def from_pb_response(
                     f"{spec.dtype.name} in the model configuration but the model "
                     "returned BYTES",
                 )
-            array = array.astype(spec.dtype)
+            converted = _to_config_dtype(array, spec.dtype)
+            if converted is None:
+                return InferError(
+                    "INTERNAL",
+                    f"model '{model}': output '{name}' is "
+                    f"{numpy_to_protocol(spec.dtype)} in the model "
+                    f"configuration but the model returned {array.dtype} values that "
+                    "change when converted to it",
+                )
+            array = converted
         result[name] = array
     params = response.parameters()
     parameters = json.loads(params) if params else {}

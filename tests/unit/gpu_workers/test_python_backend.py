@@ -504,3 +504,69 @@ def test_async_execute_sequence_fields_and_requested_outputs(tmp_path: Path, loa
         ["s-1", pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END, ["OUT"]],
         [0, 0, ["OUT"]],
     ]
+
+
+# --- outputs whose dtype differs from the config ---------------------------------------
+
+
+def test_an_output_converts_to_the_config_dtype_only_when_its_values_survive(
+    load, tmp_path: Path
+) -> None:
+    """FP64 to FP32 rounds, as the config's type means; -1, 300 and 2.7 as UINT8, 2 as
+    BOOL or 2**40 + 1 as FP32 would be other numbers: refused, naming model and output
+    (they were converted silently to 255, 44, 2, True and 2**40)."""
+    _write_model(
+        tmp_path,
+        "lossy",
+        """
+        backend: "python"
+        max_batch_size: 0
+        input [ { name: "CASE" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        output [
+          { name: "F32" data_type: TYPE_FP32 dims: [ -1 ] },
+          { name: "U8" data_type: TYPE_UINT8 dims: [ -1 ] },
+          { name: "FLAG" data_type: TYPE_BOOL dims: [ -1 ] }
+        ]
+        """,
+        """
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+
+        CASES = {
+            0: (np.array([1.5, 2.7]), np.array([1.0, 200.0]), np.array([0, 1])),
+            1: (np.array([2**40 + 1]), np.array([1.0]), np.array([1])),
+            2: (np.array([1.0]), np.array([-1.0, 300.0, 2.7]), np.array([1])),
+            3: (np.array([1.0]), np.array([1.0]), np.array([0, 2, -1], np.int32)),
+        }
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                responses = []
+                for request in requests:
+                    case = int(pb_utils.get_input_tensor_by_name(request, "CASE").as_numpy()[0])
+                    f32, u8, flag = CASES[case]
+                    responses.append(pb_utils.InferenceResponse(output_tensors=[
+                        pb_utils.Tensor("F32", f32), pb_utils.Tensor("U8", u8),
+                        pb_utils.Tensor("FLAG", flag)]))
+                return responses
+        """,
+    )
+    backend = load("lossy", tmp_path)
+    results = backend.execute(
+        [_request(str(case), CASE=np.array([case], np.int32)) for case in range(4)]
+    )
+    out = _ok(results[0])
+    assert out["F32"].dtype == np.float32
+    assert out["F32"].tolist() == [1.5, np.float32(2.7)]
+    assert (out["U8"].dtype, out["U8"].tolist()) == (np.uint8, [1, 200])
+    assert (out["FLAG"].dtype, out["FLAG"].tolist()) == (np.bool_, [False, True])
+    expected = {
+        1: "output 'F32' is FP32 in the model configuration but the model returned int64",
+        2: "output 'U8' is UINT8 in the model configuration but the model returned float64",
+        3: "output 'FLAG' is BOOL in the model configuration but the model returned int32",
+    }
+    for case, text in expected.items():
+        error = results[case]
+        assert isinstance(error, InferError), (case, error)
+        assert error.code == "INTERNAL"
+        assert error.message == f"model 'lossy': {text} values that change when converted to it"
