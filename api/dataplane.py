@@ -12,7 +12,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +107,8 @@ class DataPlane:
         self._id_prefix = f"{settings.gateway_id}-"
         self._ids = itertools.count()
         self._exiting = False
+        #: called once when shutdown begins (:meth:`on_shutdown`)
+        self._shutdown_callbacks: set[Callable[[], None]] = set()
         #: (model, version) -> its stream layout, rebuilt when the view's policy changes
         self._layouts: dict[tuple[str, int], StreamLayout] = {}
         #: rejection counts being written (kept referenced until done)
@@ -122,9 +124,29 @@ class DataPlane:
         """Refuse new inference requests from now on (the server is exiting).
 
         Requests already queued are still awaited; new ones get UNAVAILABLE at once
-        instead of being queued for instances that are stopping.
+        instead of being queued for instances that are stopping. Calls what
+        :meth:`on_shutdown` registered (once).
         """
+        if self._exiting:
+            return
         self._exiting = True
+        for callback in list(self._shutdown_callbacks):
+            callback()
+        self._shutdown_callbacks.clear()
+
+    @property
+    def exiting(self) -> bool:
+        """Whether shutdown has begun (:meth:`begin_shutdown`)."""
+        return self._exiting
+
+    def on_shutdown(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Have ``callback`` called when shutdown begins (at once if it has); returns
+        the function that withdraws it."""
+        if self._exiting:
+            callback()
+            return lambda: None
+        self._shutdown_callbacks.add(callback)
+        return functools.partial(self._shutdown_callbacks.discard, callback)
 
     # -- health -----------------------------------------------------------------------------
 

@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 
 #: most requests of one stream in flight at once (the reader waits beyond it).
 STREAM_WINDOW = 1024
+#: what a stream's writer is woken with when shutdown begins
+_EXITING: Any = object()
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -199,6 +201,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         order the requests arrived (Triton ``stream_infer_handler.cc``); errors are
         in-band and the stream stays open; every response carries
         ``triton_final_response = true``. Closing the stream cancels what is in flight.
+        Once the server begins to exit (:meth:`DataPlane.begin_shutdown`), the stream
+        ends with UNAVAILABLE as soon as every request it sent is answered.
         """
         if self._compress_infer:
             context.set_compression(grpc.Compression.Gzip)
@@ -206,6 +210,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             asyncio.Queue(maxsize=STREAM_WINDOW)
         )
         tasks: set[asyncio.Task[Any]] = set()
+
+        def exiting() -> None:
+            # wakes the writer below; a full queue has answers to write first, after
+            # each of which the writer looks again
+            with contextlib.suppress(asyncio.QueueFull):
+                pending.put_nowait(_EXITING)
 
         async def read() -> None:
             try:
@@ -218,14 +228,24 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 await pending.put(None)
 
         reader = asyncio.create_task(read())
+        withdraw = self._dp.on_shutdown(exiting)
         try:
             while True:
                 task = await pending.get()
                 if task is None:
                     break
-                yield await task
+                if task is not _EXITING:
+                    yield await task
+                if self._dp.exiting and pending.empty():
+                    # every request it sent is answered; one sent from now on would be
+                    # refused: end the stream instead of holding the exit up for it
+                    await context.abort(
+                        grpc.StatusCode.UNAVAILABLE,
+                        "Server exiting: every request of this stream was answered",
+                    )
             await reader  # re-raise a read failure (client went away)
         finally:
+            withdraw()
             reader.cancel()
             for task in list(tasks):
                 task.cancel()

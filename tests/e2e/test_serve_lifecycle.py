@@ -410,6 +410,47 @@ def test_requests_during_ctrl_c_are_answered_or_refused_at_once(
     assert all("shutting down" in kind for kind in refused), refused
 
 
+def test_an_idle_grpc_stream_does_not_hold_up_the_exit(
+    model_repository, redis_url, tmp_path
+) -> None:
+    """A client that keeps a gRPC stream open after its answers came held ``sluice
+    serve``'s exit up for the whole exit timeout (10 s here), then got "Cancelling all
+    calls". Once every request it sent is answered, the stream now ends at once with
+    UNAVAILABLE "Server exiting", and the server exits in well under the timeout."""
+    import queue
+    import signal
+
+    import tritonclient.grpc as grpcclient
+
+    server = start_server(
+        _small_repo(model_repository, tmp_path, False), redis_url, tmp_path / "serve.log"
+    )
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        inputs = [grpcclient.InferInput(n, [1, 16], "FP32") for n in ("INPUT0", "INPUT1")]
+        for tensor in inputs:
+            tensor.set_data_from_numpy(np.full((1, 16), 2.0, np.float32))
+        client.async_stream_infer("add_sub", inputs, request_id="one")
+        result, error = results.get(timeout=30)
+        assert error is None and result.as_numpy("OUTPUT0").tolist() == [[4.0] * 16]
+        time.sleep(0.5)  # the stream is idle
+        stopping = time.monotonic()
+        server.process.send_signal(signal.SIGINT)
+        result, error = results.get(timeout=30)
+        assert result is None and error is not None
+        assert error.status() == "StatusCode.UNAVAILABLE", error
+        assert "Server exiting" in error.message()
+        assert server.process.wait(30) == 0, server.log()
+        exit_s = time.monotonic() - stopping
+        assert exit_s < 5, f"the server took {exit_s:.1f} s to exit (exit timeout 10 s)"
+    finally:
+        client.stop_stream()
+        client.close()
+        stop_server(server)
+
+
 def test_a_stopped_deployment_answers_shutting_down_over_both_protocols(
     model_repository, redis_url, tmp_path
 ) -> None:
