@@ -107,6 +107,9 @@ class DataPlane:
         self._id_prefix = f"{settings.gateway_id}-"
         self._ids = itertools.count()
         self._exiting = False
+        #: :meth:`begin_shutdown` was called (``_exiting`` is also set when the deployment
+        #: is seen exiting while this gateway runs on)
+        self._shutdown_begun = False
         #: called once when shutdown begins (:meth:`on_shutdown`)
         self._shutdown_callbacks: set[Callable[[], None]] = set()
         #: (model, version) -> its stream layout, rebuilt when the view's policy changes
@@ -127,22 +130,19 @@ class DataPlane:
         instead of being queued for instances that are stopping. Calls what
         :meth:`on_shutdown` registered (once).
         """
-        if self._exiting:
-            return
         self._exiting = True
+        if self._shutdown_begun:
+            return
+        self._shutdown_begun = True
         for callback in list(self._shutdown_callbacks):
             callback()
         self._shutdown_callbacks.clear()
 
-    @property
-    def exiting(self) -> bool:
-        """Whether shutdown has begun (:meth:`begin_shutdown`)."""
-        return self._exiting
-
     def on_shutdown(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """Have ``callback`` called when shutdown begins (at once if it has); returns
-        the function that withdraws it."""
-        if self._exiting:
+        """Have ``callback`` called when this gateway begins to shut down
+        (:meth:`begin_shutdown`; at once if it has); returns the function that withdraws
+        it. A deployment seen exiting from here (the gateway runs on) calls nothing."""
+        if self._shutdown_begun:
             callback()
             return lambda: None
         self._shutdown_callbacks.add(callback)

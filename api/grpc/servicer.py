@@ -211,7 +211,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         )
         tasks: set[asyncio.Task[Any]] = set()
 
-        def exiting() -> None:
+        exiting: list[bool] = []  # [True] once this gateway begins to exit
+
+        def begin_exit() -> None:
+            exiting.append(True)
             # wakes the writer below; a full queue has answers to write first, after
             # each of which the writer looks again
             with contextlib.suppress(asyncio.QueueFull):
@@ -228,7 +231,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 await pending.put(None)
 
         reader = asyncio.create_task(read())
-        withdraw = self._dp.on_shutdown(exiting)
+        withdraw = self._dp.on_shutdown(begin_exit)
         try:
             while True:
                 task = await pending.get()
@@ -236,13 +239,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                     break
                 if task is not _EXITING:
                     yield await task
-                if self._dp.exiting and pending.empty():
+                if exiting and pending.empty():
                     # every request it sent is answered; one sent from now on would be
-                    # refused: end the stream instead of holding the exit up for it
-                    await context.abort(
-                        grpc.StatusCode.UNAVAILABLE,
-                        "Server exiting: every request of this stream was answered",
+                    # refused: end the stream instead of holding the exit up for it (a
+                    # status set and a return: context.abort could drop the last answer)
+                    context.set_code(grpc.StatusCode.UNAVAILABLE)
+                    context.set_details(
+                        "Server exiting: every request of this stream was answered"
                     )
+                    return
             await reader  # re-raise a read failure (client went away)
         finally:
             withdraw()
