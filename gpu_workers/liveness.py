@@ -26,6 +26,7 @@ import redis.exceptions
 from broker.consumer import Delivery, StreamConsumer
 from broker.model_store import ModelStore
 from broker.outage import OutageLog
+from gpu_workers.pulse import Pulse
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,8 @@ class Liveness:
         stale_after_s: heartbeat age after which another instance is taken for dead, in s.
         beat_interval_s: how often this instance writes its heartbeat, in s.
         recover_interval_s: how often to look for dead instances, in s.
+        pulse: the instance's pulse process (:mod:`gpu_workers.pulse`), started, watched
+            each beat and stopped with the heartbeat thread; None: the thread alone.
     """
 
     def __init__(
@@ -59,6 +62,7 @@ class Liveness:
         stale_after_s: float = 5.0,
         beat_interval_s: float = 1.0,
         recover_interval_s: float = 1.0,
+        pulse: Pulse | None = None,
     ) -> None:
         self._store = store
         self._model = model
@@ -75,6 +79,7 @@ class Liveness:
         self._disrupted_ns = 0
         #: monotonic ns when the heartbeat write in progress started (0: none)
         self._beat_started_ns = 0
+        self._pulse = pulse
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._beat_forever, name="sluice-heartbeat", daemon=True
@@ -93,17 +98,23 @@ class Liveness:
         """Start the heartbeat thread."""
         self.beat()
         self._thread.start()
+        if self._pulse is not None:
+            self._pulse.start()
 
     def stop(self) -> None:
         """Stop the heartbeat thread (bounded by one beat interval)."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(self._beat_s + 1)
+        if self._pulse is not None:
+            self._pulse.stop()
 
     def _beat_forever(self) -> None:
         wait_s = self._beat_s
         while not self._stop.wait(wait_s):
             wait_s = self._beat_s
+            if self._pulse is not None:
+                self._pulse.check()
             started = self._beat_started_ns = time.monotonic_ns()
             try:
                 self.beat()

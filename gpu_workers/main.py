@@ -36,7 +36,7 @@ from gpu_workers.classification import read_labels
 from gpu_workers.liveness import Liveness
 from gpu_workers.loop import DRAIN_LIMIT_NS, InstanceLoop, output_datatypes
 from gpu_workers.processes import HAND_OVER_SIGNAL, triton_instance_name
-from gpu_workers.pulse import start_pulse, stop_pulse
+from gpu_workers.pulse import Pulse
 from gpu_workers.warmup import run_warmup
 
 logger = logging.getLogger("gpu_workers")
@@ -157,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         args.instance,
         consumer,
         stale_after_s=args.stale_instance_secs,
+        # the heartbeat also from a process of its own: an execution holding the GIL
+        # stops the thread's
+        pulse=Pulse(args.redis_url, keys.instances(args.model, args.version), args.instance),
     )
     loop.housekeeping = liveness.recover
     loop.labels = labels
@@ -177,13 +180,6 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(HAND_OVER_SIGNAL, hand_over)
     report("READY")
     liveness.start()
-    try:
-        # the heartbeat also from a process of its own: an execution holding the GIL
-        # stops the thread's
-        pulse = start_pulse(args.redis_url, keys.instances(args.model, args.version), args.instance)
-    except OSError as exc:
-        logger.warning("instance %s: heartbeat process not started (%s)", args.instance, exc)
-        pulse = None
     logger.info(
         "instance %s of model '%s' version %d is ready", args.instance, args.model, args.version
     )
@@ -193,8 +189,6 @@ def main(argv: list[str] | None = None) -> int:
         _fold_stats(client, keys, args)
     finally:
         liveness.stop()
-        if pulse is not None:
-            stop_pulse(pulse)
         backend.finalize()
         try:
             report("STOPPED")

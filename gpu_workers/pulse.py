@@ -8,7 +8,8 @@ ran it a second time, and with one instance the gateways reported the model and 
 server not ready. Triton's Python backend judges its stub by whether the process is
 there, not by a beat that the model's code can hold up.
 
-:func:`start_pulse` starts ``python -m gpu_workers.pulse`` beside the instance. Once a
+:class:`Pulse` starts ``python -m gpu_workers.pulse`` beside the instance (and again
+if it exits). Once a
 second, while the instance process lives (it is this process's parent; the pulse
 also gets SIGKILL when it dies, ``PR_SET_PDEATHSIG``), it sets the ``heartbeat_ns`` of
 the instance's record to the current wall-clock time, and only while the record says
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import logging
 import os
 import signal
 import subprocess
@@ -27,6 +29,8 @@ import sys
 import time
 
 import redis
+
+logger = logging.getLogger(__name__)
 
 #: KEYS[1] instances hash; ARGV: instance name, pid, heartbeat (ns). Sets the record's
 #: heartbeat_ns in place when it is READY and belongs to that pid; returns 1 when set.
@@ -45,44 +49,69 @@ redis.call('HSET', KEYS[1], ARGV[1], updated)
 return 1
 """
 
+#: the environment variable that carries the Redis URL to the pulse process
+_URL_ENV = "SLUICE_PULSE_REDIS_URL"
 #: how long a stopping instance waits for its pulse to exit before killing it, in s.
 STOP_TIMEOUT_S = 2.0
 
 
-def start_pulse(
-    redis_url: str, instances_key: str, instance: str, interval_s: float = 1.0
-) -> subprocess.Popen[bytes]:
-    """Start the pulse process of this instance (this process is the instance).
+class Pulse:
+    """The pulse process of this instance (this process is the instance).
+
+    The Redis URL reaches the process in its environment, not its command line, where
+    ``ps`` would show a password in it.
 
     Args:
         redis_url: the instance's Redis.
         instances_key: the version's instances hash (:meth:`broker.keys.KeySchema.instances`).
         instance: the instance's name (its field in the hash).
         interval_s: how often the heartbeat is set, in s.
-
-    Raises:
-        OSError: the process could not be started.
     """
-    return subprocess.Popen(
-        [
-            sys.executable, "-m", "gpu_workers.pulse",
-            "--redis-url", redis_url, "--key", instances_key, "--instance", instance,
-            "--pid", str(os.getpid()), "--interval", str(interval_s),
-        ],
-        stdin=subprocess.DEVNULL,
-    )  # fmt: skip
 
+    def __init__(
+        self, redis_url: str, instances_key: str, instance: str, interval_s: float = 1.0
+    ) -> None:
+        self._env = dict(os.environ, **{_URL_ENV: redis_url})
+        self._command = [
+            sys.executable, "-m", "gpu_workers.pulse", "--key", instances_key,
+            "--instance", instance, "--pid", str(os.getpid()), "--interval", str(interval_s),
+        ]  # fmt: skip
+        self._instance = instance
+        self._process: subprocess.Popen[bytes] | None = None
 
-def stop_pulse(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the pulse and wait for it (bounded by :data:`STOP_TIMEOUT_S`, then SIGKILL)."""
-    if process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(STOP_TIMEOUT_S)
+    def start(self) -> None:
+        """Start the process; a failure is logged (the heartbeat thread still beats)."""
+        try:
+            self._process = subprocess.Popen(
+                self._command, env=self._env, stdin=subprocess.DEVNULL
+            )
+        except OSError as exc:
+            logger.warning("instance %s: heartbeat process not started (%s)", self._instance, exc)
+
+    def check(self) -> None:
+        """Start the process again if it exited (killed by hand or by the OOM killer),
+        with a log line; called by the heartbeat thread each beat."""
+        process = self._process
+        if process is not None and process.poll() is not None:
+            logger.warning(
+                "instance %s: heartbeat process exited (%s); starting it again",
+                self._instance,
+                process.returncode,
+            )
+            self.start()
+
+    def stop(self) -> None:
+        """SIGTERM the process and wait for it (bounded by :data:`STOP_TIMEOUT_S`, then
+        SIGKILL)."""
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(STOP_TIMEOUT_S)
 
 
 def _die_with_parent() -> None:
@@ -94,7 +123,6 @@ def _die_with_parent() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Set the instance's heartbeat every ``--interval`` s while the instance lives."""
     parser = argparse.ArgumentParser(prog="python -m gpu_workers.pulse", description=__doc__)
-    parser.add_argument("--redis-url", required=True)
     parser.add_argument("--key", required=True, help="the version's instances hash")
     parser.add_argument("--instance", required=True, help="the instance's field in it")
     parser.add_argument("--pid", required=True, type=int, help="the instance's process id")
@@ -103,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     client = redis.Redis.from_url(
-        args.redis_url, protocol=2, socket_timeout=max(1.0, args.interval * 2)
+        os.environ[_URL_ENV], protocol=2, socket_timeout=max(1.0, args.interval * 2)
     )
     bump = client.register_script(_BUMP)
     while os.getppid() == args.pid:  # reparented: the instance is gone
