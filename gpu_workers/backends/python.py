@@ -177,18 +177,25 @@ def to_pb_request(
 def _to_config_dtype(array: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
     """``array`` as the config's ``dtype``, or None when that would change its values.
 
-    A float or BOOL array converts as numpy converts it within or up the kinds (FP64 to
-    FP32, BOOL to INT8): rounding to the narrower float is what the config's type means.
-    Any other conversion (integer to float, float to integer or BOOL, integer to a
+    A float array converts to a float type as numpy converts it (FP64 to FP32 or FP16:
+    rounding to the narrower float is what the config's type means), unless a finite
+    value would overflow to inf (``70000`` as FP16, ``1e300`` as FP32); BOOL converts to
+    anything. Any other conversion (integer to float, float to integer or BOOL, integer to a
     narrower or unsigned integer) is made only when every value is equal after it:
     ``-1`` or ``300`` as UINT8, ``2.7`` as INT32, ``2`` as BOOL or ``2**40 + 1`` as FP32
     would be silently different numbers. Triton's python_backend sends the model's own
     datatype instead of the config's (python_backend ``InferResponse::Send``); Sluice
     answers with the type the model metadata declares.
     """
-    with np.errstate(invalid="ignore", over="ignore"):  # an FP32 overflow is inf
+    with np.errstate(invalid="ignore", over="ignore"):
         converted = array.astype(dtype)
-        if array.dtype.kind in "fb" and np.can_cast(array.dtype, dtype, "same_kind"):
+        if array.dtype.kind == "b" or (
+            array.dtype.kind == "f" and dtype.kind == "f"
+        ):  # rounds; a finite value must not overflow to inf
+            if array.dtype.kind == "f" and bool(
+                np.any(np.isinf(converted) & np.isfinite(array))
+            ):
+                return None
             return converted
         return converted if np.array_equal(converted, array) else None
 
@@ -277,8 +284,8 @@ def from_pb_response(
                 return InferError(
                     "INTERNAL",
                     f"model '{model}': output '{name}' is "
-                    f"{spec.dtype.name} in the model configuration but the model "
-                    "returned BYTES",
+                    f"{numpy_to_protocol(spec.dtype)} in the model configuration but the "
+                    "model returned BYTES",
                 )
             converted = _to_config_dtype(array, spec.dtype)
             if converted is None:

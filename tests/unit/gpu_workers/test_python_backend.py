@@ -513,8 +513,8 @@ def test_an_output_converts_to_the_config_dtype_only_when_its_values_survive(
     load, tmp_path: Path
 ) -> None:
     """FP64 to FP32 rounds, as the config's type means; -1, 300 and 2.7 as UINT8, 2 as
-    BOOL or 2**40 + 1 as FP32 would be other numbers: refused, naming model and output
-    (they were converted silently to 255, 44, 2, True and 2**40)."""
+    BOOL, 2**40 + 1 or 1e300 as FP32 would be other numbers: refused, naming model and
+    output (they were converted silently to 255, 44, 2, True, 2**40 and inf)."""
     _write_model(
         tmp_path,
         "lossy",
@@ -537,6 +537,7 @@ def test_an_output_converts_to_the_config_dtype_only_when_its_values_survive(
             1: (np.array([2**40 + 1]), np.array([1.0]), np.array([1])),
             2: (np.array([1.0]), np.array([-1.0, 300.0, 2.7]), np.array([1])),
             3: (np.array([1.0]), np.array([1.0]), np.array([0, 2, -1], np.int32)),
+            4: (np.array([1e300]), np.array([1.0]), np.array([1])),
         }
 
         class TritonPythonModel:
@@ -553,7 +554,7 @@ def test_an_output_converts_to_the_config_dtype_only_when_its_values_survive(
     )
     backend = load("lossy", tmp_path)
     results = backend.execute(
-        [_request(str(case), CASE=np.array([case], np.int32)) for case in range(4)]
+        [_request(str(case), CASE=np.array([case], np.int32)) for case in range(5)]
     )
     out = _ok(results[0])
     assert out["F32"].dtype == np.float32
@@ -564,6 +565,7 @@ def test_an_output_converts_to_the_config_dtype_only_when_its_values_survive(
         1: "output 'F32' is FP32 in the model configuration but the model returned int64",
         2: "output 'U8' is UINT8 in the model configuration but the model returned float64",
         3: "output 'FLAG' is BOOL in the model configuration but the model returned int32",
+        4: "output 'F32' is FP32 in the model configuration but the model returned float64",
     }
     for case, text in expected.items():
         error = results[case]
