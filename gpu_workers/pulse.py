@@ -9,18 +9,17 @@ server not ready. Triton's Python backend judges its stub by whether the process
 there, not by a beat that the model's code can hold up.
 
 :class:`Pulse` starts ``python -m gpu_workers.pulse`` beside the instance (and again
-if it exits). Once a
-second, while the instance process lives (it is this process's parent; the pulse
-also gets SIGKILL when it dies, ``PR_SET_PDEATHSIG``), it sets the ``heartbeat_ns`` of
-the instance's record to the current wall-clock time, and only while the record says
-READY with the instance's pid: state changes stay the instance's own writes.
+if it exits). Once a second, while the instance process lives (it is this process's
+parent; the pulse also gets SIGTERM when it dies, ``PR_SET_PDEATHSIG``), it sets the
+``heartbeat_ns`` of the instance's record to the current wall-clock time, and only
+while the record says READY with the instance's pid: state changes stay the
+instance's own writes.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -29,6 +28,8 @@ import sys
 import time
 
 import redis
+
+from gpu_workers.processes import die_with_parent, terminate
 
 logger = logging.getLogger(__name__)
 
@@ -104,20 +105,8 @@ class Pulse:
         """SIGTERM the process and wait for it (bounded by :data:`STOP_TIMEOUT_S`, then
         SIGKILL)."""
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(STOP_TIMEOUT_S)
-
-
-def _die_with_parent() -> None:
-    """SIGKILL this process when its parent (the instance) exits (``PR_SET_PDEATHSIG``)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+        if process is not None:
+            terminate([process], STOP_TIMEOUT_S)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pid", required=True, type=int, help="the instance's process id")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between beats")
     args = parser.parse_args(argv)
-    _die_with_parent()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    die_with_parent()  # SIGTERM when the instance exits
     client = redis.Redis.from_url(
         os.environ[_URL_ENV], protocol=2, socket_timeout=max(1.0, args.interval * 2)
     )

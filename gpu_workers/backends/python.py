@@ -189,14 +189,11 @@ def _to_config_dtype(array: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
     """
     with np.errstate(invalid="ignore", over="ignore"):
         converted = array.astype(dtype)
-        if array.dtype.kind == "b" or (
-            array.dtype.kind == "f" and dtype.kind == "f"
-        ):  # rounds; a finite value must not overflow to inf
-            if array.dtype.kind == "f" and bool(
-                np.any(np.isinf(converted) & np.isfinite(array))
-            ):
-                return None
+        if array.dtype.kind == "b":
             return converted
+        if array.dtype.kind == "f" and dtype.kind == "f":
+            overflowed = np.isinf(converted) & np.isfinite(array)
+            return None if overflowed.any() else converted
         return converted if np.array_equal(converted, array) else None
 
 
