@@ -20,6 +20,7 @@ from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
 from gpu_workers.backends.base import BackendInputError, InstanceContext
 from gpu_workers.backends.ort_options import apply_settings, session_settings
 from gpu_workers.backends.tensor_adapter import TensorBackendAdapter
+from gpu_workers.thread_priority import set_idle, started_threads
 from repository.autocomplete import ORT_TYPE_TO_CONFIG, TensorSignature, autocomplete_from_signature
 
 logger = logging.getLogger(__name__)
@@ -141,9 +142,15 @@ class OnnxRuntimeSession:
         )
         options = ort.SessionOptions()
         apply_settings(settings, options, ort)
-        self._session = ort.InferenceSession(
-            str(_model_path(ctx.model_file)), sess_options=options, providers=settings.providers
+        self._session, helpers = started_threads(
+            lambda: ort.InferenceSession(
+                str(_model_path(ctx.model_file)),
+                sess_options=options,
+                providers=settings.providers,
+            )
         )
+        if settings.helper_priority == "idle":
+            set_idle(helpers, f"model '{ctx.model_name}' instance '{ctx.instance_name}'")
         check_model_io(ctx, self._session)
         logger.info(
             "model '%s' instance '%s' loaded with %s",

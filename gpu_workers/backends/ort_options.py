@@ -40,6 +40,15 @@ README, "Model Config Options" and "ONNX Runtime with TensorRT optimization"):
   batches were memory-bound (~1 ms a call for its 21 MB of weights), one thread had
   served 13% more at concurrency 32 (2026-11-30; the rule was then ``cores - 1``,
   leaving a core to the gateway and Redis).
+* Sluice's own: ORT's intra-op helper threads (every thread of the pool but the caller)
+  run at ``SCHED_IDLE`` (:mod:`gpu_workers.thread_priority`), so they use a core only
+  when nothing else on the machine wants it (the gateway, Redis, other instances); the
+  config parameter ``intra_op_thread_priority`` = ``"normal"`` leaves them at the
+  process's priority. On a 2-vCPU Intel VM whose cores the gateway keeps busy
+  (2026-12-01), two threads at normal priority served 0.74-0.85 of Triton's MLP c=32
+  requests per second, one thread 0.80-1.07, two with the helper at ``SCHED_IDLE``
+  0.87-0.94 (``bench_pairs.py`` medians 0.82 before, 0.94 after); where cores are idle,
+  as on the AMD VM above, the helper still takes them.
 """
 
 from __future__ import annotations
@@ -62,6 +71,8 @@ _PASSTHROUGH_ENTRIES = (
     "session.use_device_allocator_for_initializers",
 )
 _SPINNING = "session.intra_op.allow_spinning"
+_PRIORITY = "intra_op_thread_priority"
+_PRIORITIES = ("idle", "normal")
 
 #: Triton's TensorRT accelerator parameter -> TensorRT EP option (value kept as text).
 _TRT_RENAMES = {
@@ -94,6 +105,8 @@ class OrtSettings:
         enable_mem_arena: ``enable_cpu_mem_arena`` (None = ORT default).
         enable_mem_pattern: ``enable_mem_pattern`` (None = ORT default).
         config_entries: ``add_session_config_entry`` key -> value.
+        helper_priority: ``"idle"``: the session's pool threads (not the caller) are moved
+            to ``SCHED_IDLE`` once it is created; ``"normal"``: left as they are.
         warnings: what was asked for but is ignored here, one sentence each.
     """
 
@@ -105,6 +118,7 @@ class OrtSettings:
     enable_mem_arena: bool | None = None
     enable_mem_pattern: bool | None = None
     config_entries: dict[str, str] = field(default_factory=dict)
+    helper_priority: str = "idle"
     warnings: list[str] = field(default_factory=list)
 
 
@@ -277,6 +291,12 @@ def session_settings(
         value = _param(config, key)
         if value:
             entries[key] = value
+    helper_priority = (_param(config, _PRIORITY) or "idle").lower()
+    if helper_priority not in _PRIORITIES:
+        raise ValueError(
+            f"model '{config.name}': parameter '{_PRIORITY}' must be 'idle' or 'normal', got "
+            f"'{_param(config, _PRIORITY)}'"
+        )
     intra_op_threads = _int_param(config, "intra_op_thread_count")
     if intra_op_threads is None and kind == "CPU":
         if cores is None:
@@ -291,6 +311,7 @@ def session_settings(
         enable_mem_arena=_bool_param(config, "enable_mem_arena"),
         enable_mem_pattern=_bool_param(config, "enable_mem_pattern"),
         config_entries=entries,
+        helper_priority=helper_priority,
         warnings=warnings,
     )
 

@@ -172,6 +172,46 @@ def test_load_with_config_override(explicit_server: Server) -> None:
     client.unload_model("batch_scale")
 
 
+def _idle_threads(pid: int) -> int:
+    """How many threads of process ``pid`` run at ``SCHED_IDLE``."""
+    count = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            count += os.sched_getscheduler(int(tid)) == os.SCHED_IDLE
+        except ProcessLookupError:
+            continue
+    return count
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux scheduling policies only")
+def test_ort_helper_threads_run_at_idle_priority(explicit_server: Server) -> None:
+    """ORT's intra-op helper threads (not the instance's own threads) run at SCHED_IDLE,
+    unless ``intra_op_thread_priority`` is ``normal``; answers are the same either way."""
+    client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
+    config = {
+        "name": "batch_scale",
+        "backend": "onnxruntime",
+        "max_batch_size": 4,
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+        "instance_group": [{"kind": "KIND_CPU", "count": 1}],
+        "parameters": {"intra_op_thread_count": {"string_value": "3"}},
+    }
+    try:
+        for priority, idle in (("idle", 2), ("normal", 0)):
+            config["parameters"]["intra_op_thread_priority"] = {"string_value": priority}
+            client.load_model("batch_scale", config=json.dumps(config))
+            (record,) = [
+                r for r in instance_records(explicit_server, "batch_scale").values()
+                if r.get("state") == "READY"
+            ]
+            assert _idle_threads(record["pid"]) == idle, priority
+            out = client.infer("batch_scale", _scale_input(2.0, 3)).as_numpy("OUTPUT0")
+            np.testing.assert_array_equal(out, np.full((3, 4), 6.0, np.float32))
+    finally:
+        client.unload_model("batch_scale")
+
+
 def test_load_with_files(explicit_server: Server, control_repo: Path) -> None:
     client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
     onnx_bytes = (control_repo / "batch_scale/1/model.onnx").read_bytes()

@@ -42,7 +42,15 @@ def test_defaults_cpu_and_no_spinning() -> None:
     assert settings.intra_op_threads == 2 and settings.inter_op_threads is None
     assert settings.execution_mode is None and settings.graph_level is None
     assert settings.config_entries == {"session.intra_op.allow_spinning": "0"}
+    assert settings.helper_priority == "idle"
     assert settings.warnings == []
+
+
+@pytest.mark.parametrize(("value", "expected"), [("normal", "normal"), ("IDLE", "idle"),
+                                                 ("idle", "idle"), ("", "idle")])
+def test_helper_thread_priority(value: str, expected: str) -> None:
+    config = _config(_params(intra_op_thread_priority=value))
+    assert session_settings(config, "CPU", 0, CPU_ONLY).helper_priority == expected
 
 
 @pytest.mark.parametrize(
@@ -104,6 +112,8 @@ def test_thread_counts_and_execution_mode(
          "model 'm': parameter 'execution_mode' must be 0 (sequential) or 1 (parallel), got '2'"),
         ({"enable_mem_arena": "maybe"},
          "model 'm': parameter 'enable_mem_arena' must be 0/1 or true/false, got 'maybe'"),
+        ({"intra_op_thread_priority": "high"},
+         "model 'm': parameter 'intra_op_thread_priority' must be 'idle' or 'normal', got 'high'"),
     ],
 )
 def test_invalid_parameters_fail_the_load(params: dict[str, str], message: str) -> None:
