@@ -513,8 +513,15 @@ class DataPlane:
         inputs: Sequence[WireTensor],
         outputs: Sequence[RequestedOutput],
         parameters: dict[str, ParameterValue],
+        *,
+        checked: bool = False,
     ) -> asyncio.Future[InferResponseMessage]:
         """Validate and queue one request without waiting; the future gets its response.
+
+        ``checked``: the caller knows that a request with the same inputs' names,
+        datatypes, shapes and byte sizes and the same outputs passed
+        :func:`validate_request` against this same ``view`` (none of its inputs is
+        ``BYTES``), so it is not checked again (:mod:`api.http.header_cache`).
 
         The request leaves with this event-loop iteration's other ``XADD``s. The future
         ends with the worker's response (see :meth:`result`), or fails with
@@ -537,7 +544,8 @@ class DataPlane:
                 "transaction policy",
                 model=model,
             )
-        validate_request(view, inputs, outputs)
+        if not checked:
+            validate_request(view, inputs, outputs)
         now_ns = time.time_ns()
         message = InferRequestMessage(
             request_id=request_id,

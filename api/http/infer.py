@@ -24,6 +24,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 from api.dataplane import DataPlane, InferResult
 from api.errors import http_status
 from api.http.body import compress, decompress, negotiate_encoding
+from api.http.header_cache import CachedHeader, HeaderCache
 from api.http.infer_codec import HttpInferRequest, encode_infer_response, parse_infer_request
 from api.models import ModelView
 from broker.errors import SluiceError, invalid_arg
@@ -89,10 +90,15 @@ def _header_length(headers: Mapping[bytes, bytes], body: bytes) -> int | None:
 
 
 def _parse(
-    dp: DataPlane, view: ModelView, headers: Mapping[bytes, bytes], raw_body: bytes
-) -> HttpInferRequest:
+    dp: DataPlane,
+    view: ModelView,
+    headers: Mapping[bytes, bytes],
+    raw_body: bytes,
+    cache: HeaderCache | None = None,
+) -> tuple[HttpInferRequest, CachedHeader | None]:
     """Decompress and parse a request whose body was read whole (the model's config
-    inputs deduce a raw binary request's input).
+    inputs deduce a raw binary request's input); with ``cache``, a binary-only request's
+    header is looked up there first and its entry returned.
 
     Raises:
         SluiceError: INVALID_ARG / UNSUPPORTED for a malformed body (Triton's texts).
@@ -103,13 +109,23 @@ def _parse(
         encoding.decode("latin-1") if encoding else None,
         dp.settings.http.max_body_bytes,
     )
-    return parse_infer_request(
+    header_length = _header_length(headers, body)
+    if cache is not None:
+        return cache.parse(
+            body,
+            header_length,
+            model=view.name,
+            config_inputs=view.inputs.values(),
+            max_batch_size=view.max_batch_size,
+        )
+    parsed = parse_infer_request(
         body,
-        _header_length(headers, body),
+        header_length,
         model=view.name,
         config_inputs=view.inputs.values(),  # read only by a raw binary request
         max_batch_size=view.max_batch_size,
     )
+    return parsed, None
 
 
 def _submit(
@@ -119,15 +135,18 @@ def _submit(
     resolved: int,
     version: int | None,
     parsed: HttpInferRequest,
+    kept: CachedHeader | None = None,
 ) -> asyncio.Future[InferResponseMessage]:
     """Validate and queue a parsed request (:meth:`DataPlane.submit`); a refusal is
-    logged with the request's ids.
+    logged with the request's ids. A request of a kept header that passed the checks
+    of this same model view is not checked again; one that passes marks it so.
 
     Raises:
         SluiceError: as :meth:`DataPlane.submit`.
     """
+    checked = kept is not None and kept.checked_view is view
     try:
-        return dp.submit(
+        future = dp.submit(
             request_id,
             view,
             resolved,
@@ -135,10 +154,14 @@ def _submit(
             parsed.inputs,
             parsed.outputs,
             parsed.parameters,
+            checked=checked,
         )
     except SluiceError as exc:
         dp.log_failure(request_id, parsed.client_id, view.name, version, exc)
         raise
+    if kept is not None and not checked and kept.checkable:
+        kept.checked_view = view
+    return future
 
 
 def _encode(
@@ -183,7 +206,7 @@ async def handle_infer(
     try:
         view, resolved = await dp.resolve_for_infer(model, version)  # unknown model: 404 first
         raw = await _read_body(receive, headers, dp.settings.http.max_body_bytes)
-        parsed = _parse(dp, view, headers, raw)
+        parsed, _ = _parse(dp, view, headers, raw)
     except SluiceError as exc:  # refused before it had ids: one verbose line
         dp.log_failure(request_id, "", model, version, exc)
         raise
@@ -236,6 +259,8 @@ class InferEndpoint:
     def __init__(self, app: ASGIApp, dataplane: DataPlane) -> None:
         self.app = app
         self.dataplane = dataplane
+        #: the task-free path's parsed binary-request headers
+        self.headers = HeaderCache()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or (route := _route(scope["path"])) is None:
@@ -305,11 +330,11 @@ class InferEndpoint:
                     fallback()
                     return False
                 headers = dict(scope["headers"])
-                parsed = _parse(dp, cached[0], headers, body)
+                parsed, kept = _parse(dp, cached[0], headers, body, self.headers)
             except SluiceError as exc:  # refused before it had ids: one verbose line
                 dp.log_failure(request_id, "", model, version, exc)
                 raise
-            future = _submit(dp, request_id, cached[0], cached[1], version, parsed)
+            future = _submit(dp, request_id, cached[0], cached[1], version, parsed, kept)
         except Exception as exc:
             status, content = _failure(exc, model)
             write_response(cycle, status, content, _JSON)

@@ -43,7 +43,13 @@ from broker.datatypes import (
 from broker.errors import ErrorCode, SluiceError, invalid_arg
 from broker.messages import ParameterValue, RequestedOutput, WireTensor
 
-__all__ = ["HttpInferRequest", "encode_infer_response", "parse_infer_request"]
+__all__ = [
+    "BinaryLayout",
+    "HttpInferRequest",
+    "encode_infer_response",
+    "parse_infer_request",
+    "parse_with_layout",
+]
 
 #: python-rapidjson's parse error text: offset, then rapidjson's reason
 _RAPIDJSON_ERROR = re.compile(r"Parse error at offset (\d+): (.*)", re.DOTALL)
@@ -123,6 +129,66 @@ def parse_infer_request(
             PROTOCOL.md 1.14) or a raw binary request whose input cannot be deduced
             (PROTOCOL.md 3.4); UNSUPPORTED for shared-memory tensors.
     """
+    return parse_with_layout(
+        body,
+        header_length,
+        model=model,
+        config_inputs=config_inputs,
+        max_batch_size=max_batch_size,
+    )[0]
+
+
+@dataclass(frozen=True, slots=True)
+class BinaryLayout:
+    """What a JSON header says of a request whose inputs are all binary (binary tensor
+    data extension): everything but the tensors' bytes, which follow the header in order.
+
+    Attributes:
+        request: the parsed request with empty input data.
+        sizes: each input's ``binary_data_size``, in bytes, in request order.
+        body_length: the whole body's length, in bytes (header and every input's data).
+    """
+
+    request: HttpInferRequest
+    sizes: tuple[int, ...]
+    body_length: int
+
+    def apply(self, body: bytes | bytearray | memoryview) -> HttpInferRequest:
+        """The request of ``body`` (``body_length`` bytes whose header is this layout's):
+        its inputs take their bytes from ``body``."""
+        view = memoryview(body).cast("B")
+        offset = self.body_length - sum(self.sizes)
+        tensors = []
+        for tensor, size in zip(self.request.inputs, self.sizes, strict=True):
+            tensors.append(
+                WireTensor(tensor.name, tensor.datatype, tensor.shape,
+                           bytes(view[offset : offset + size]))
+            )
+            offset += size
+        request = self.request
+        return HttpInferRequest(
+            client_id=request.client_id,
+            inputs=tuple(tensors),
+            outputs=request.outputs,
+            parameters=dict(request.parameters) if request.parameters else {},
+            binary_data_output=request.binary_data_output,
+        )
+
+
+def parse_with_layout(
+    body: bytes | bytearray | memoryview,
+    header_length: int | None,
+    *,
+    model: str,
+    config_inputs: Collection[TensorSpec] = (),
+    max_batch_size: int = 0,
+) -> tuple[HttpInferRequest, BinaryLayout | None]:
+    """:func:`parse_infer_request`, with the request's :class:`BinaryLayout` when its
+    JSON header (``header_length`` > 0) lists only binary inputs, else None.
+
+    Raises:
+        SluiceError: as :func:`parse_infer_request`.
+    """
     view = memoryview(body).cast("B")
     total = len(view)
     if header_length is None:
@@ -133,7 +199,7 @@ def parse_infer_request(
             model=model,
         )
     elif header_length == 0:
-        return _parse_raw_request(view, model, config_inputs, max_batch_size)
+        return _parse_raw_request(view, model, config_inputs, max_batch_size), None
 
     document = _loads_json(view[:header_length], model)
     if not isinstance(document, dict):
@@ -147,15 +213,25 @@ def parse_infer_request(
         raise invalid_arg(f"Unable to parse 'id' for model '{model}': {_NOT_STRING}", model=model)
 
     parameters, binary_data_output = _parse_request_parameters(document.get("parameters"), model)
-    inputs = _parse_inputs(document.get("inputs"), view, header_length, model)
+    inputs, sizes = _parse_inputs(document.get("inputs"), view, header_length, model)
     outputs = _parse_outputs(document.get("outputs"), binary_data_output, model)
-    return HttpInferRequest(
+    request = HttpInferRequest(
         client_id=client_id,
         inputs=inputs,
         outputs=outputs,
         parameters=parameters,
         binary_data_output=binary_data_output,
     )
+    if sizes is None:
+        return request, None
+    template = HttpInferRequest(
+        client_id=client_id,
+        inputs=tuple(WireTensor(t.name, t.datatype, t.shape, b"") for t in inputs),
+        outputs=outputs,
+        parameters=dict(parameters),
+        binary_data_output=binary_data_output,
+    )
+    return request, BinaryLayout(template, sizes, total)
 
 
 def _parse_raw_request(
@@ -263,8 +339,9 @@ def _parse_request_parameters(raw: object, model: str) -> tuple[dict[str, Parame
 
 def _parse_inputs(
     raw: object, view: memoryview, header_length: int, model: str
-) -> tuple[WireTensor, ...]:
-    """Read every input; binary ones take consecutive chunks after the JSON."""
+) -> tuple[tuple[WireTensor, ...], tuple[int, ...] | None]:
+    """Read every input; binary ones take consecutive chunks after the JSON. Also returns
+    each input's ``binary_data_size`` when every input is binary, else None."""
     if not isinstance(raw, list):
         raise invalid_arg(
             f"Unable to parse 'inputs' for model '{model}': expected a JSON array", model=model
@@ -272,6 +349,7 @@ def _parse_inputs(
     offset = header_length
     seen: set[str] = set()
     tensors: list[WireTensor] = []
+    sizes: list[int] | None = []
     for item in raw:
         if not isinstance(item, dict):
             raise invalid_arg(
@@ -319,12 +397,15 @@ def _parse_inputs(
                 )
             data = bytes(view[offset : offset + size])
             offset += size
+            if sizes is not None:
+                sizes.append(size)
         else:
             data = _json_data_to_wire(item["data"], datatype, shape, name, model)
+            sizes = None
         tensors.append(WireTensor(name=name, datatype=datatype, shape=shape, data=data))
     if offset != len(view):
         raise extra_input_data(model)
-    return tuple(tensors)
+    return tuple(tensors), None if sizes is None else tuple(sizes)
 
 
 def _parse_shape(raw: object, name: str, model: str) -> tuple[int, ...]:

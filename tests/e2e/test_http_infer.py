@@ -460,3 +460,31 @@ def test_classification_of_bool_refused(http_client) -> None:
     err = _error(http_client, "identity_types", inputs, outputs=outputs)
     assert err.status() == "400"
     assert "class result not available for output 'OUT_BOOL'" in err.message()
+
+
+def test_bytes_data_is_checked_in_every_request_of_a_kept_header(server) -> None:
+    """A binary request's JSON header is parsed once and its checks are not repeated
+    (api/http/header_cache.py), except where they read the data: a BYTES input whose
+    element lengths do not fit its bytes is refused even after the same header passed."""
+    from tritonclient.http._utils import _get_inference_request
+
+    inputs, data = _types_inputs(binary=True)
+    body, header_length = _get_inference_request(
+        inputs=inputs, request_id="", outputs=None, sequence_id=0, sequence_start=False,
+        sequence_end=False, priority=0, timeout=None, custom_parameters=None,
+    )  # fmt: skip
+    url = f"{server.base}/v2/models/identity_types/infer"
+    headers = {"Inference-Header-Content-Length": str(header_length)}
+    for _ in range(2):
+        ok = requests.post(url, data=body, headers=headers, timeout=30)
+        assert ok.status_code == 200, ok.text
+    chunk = b"".join(
+        len(item).to_bytes(4, "little") + item for item in data["BYTES"].ravel()
+    )
+    assert body.endswith(chunk)
+    bad = body[: -len(chunk)] + (10_000).to_bytes(4, "little") + chunk[4:]
+    refused = requests.post(url, data=bad, headers=headers, timeout=30)
+    assert refused.status_code == 400
+    assert "input 'IN_BYTES' for model 'identity_types'" in refused.json()["error"]
+    again = requests.post(url, data=body, headers=headers, timeout=30)
+    assert again.status_code == 200

@@ -172,6 +172,35 @@ def test_load_with_config_override(explicit_server: Server) -> None:
     client.unload_model("batch_scale")
 
 
+def test_a_kept_header_is_checked_again_against_a_reloaded_config(explicit_server: Server) -> None:
+    """A request header that passed the model's checks is not checked again while the
+    model's config stays the same (api/http/header_cache.py); a reload with a smaller
+    max_batch_size refuses the same header's next request."""
+    client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
+    client.load_model("batch_scale")  # max_batch_size 16
+    try:
+        for _ in range(3):
+            out = client.infer("batch_scale", _scale_input(1.5, batch=5)).as_numpy("OUTPUT0")
+            np.testing.assert_array_equal(out, np.full((5, 4), 4.5, np.float32))
+        override = {
+            "name": "batch_scale",
+            "backend": "onnxruntime",
+            "max_batch_size": 4,
+            "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+            "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+            "instance_group": [{"kind": "KIND_CPU", "count": 1}],
+        }
+        client.load_model("batch_scale", config=json.dumps(override))
+        for _ in range(2):
+            with pytest.raises(InferenceServerException) as info:
+                client.infer("batch_scale", _scale_input(1.5, batch=5))
+            assert "inference request batch-size must be <= 4 for 'batch_scale'" in (
+                info.value.message()
+            )
+    finally:
+        client.unload_model("batch_scale")
+
+
 def _idle_threads(pid: int) -> int:
     """How many threads of process ``pid`` run at ``SCHED_IDLE``."""
     count = 0
