@@ -340,6 +340,31 @@ def _poll(probe: Callable[[], bool], timeout_s: float) -> bool:
     return False
 
 
+def _cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of the machine since boot (``/proc/stat``)."""
+    with open("/proc/stat") as stat:
+        fields = [int(v) for v in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def wait_machine_quiet(busy_below: float = 0.5, timeout_s: float = 30.0) -> bool:
+    """Wait until the machine's CPUs were less than ``busy_below`` busy over half a
+    second (a test that counts on a delay window just after a server started, while its
+    instances still start their heartbeat processes); whether they were within
+    ``timeout_s``. Returns at once where ``/proc/stat`` is absent."""
+    if not os.path.exists("/proc/stat"):
+        return True
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        busy0, total0 = _cpu_times()
+        time.sleep(0.5)
+        busy1, total1 = _cpu_times()
+        if total1 > total0 and (busy1 - busy0) / (total1 - total0) < busy_below:
+            return True
+    return False
+
+
 def wait_server_live(client: object, timeout_s: float = 30.0) -> None:
     """Poll ``client.is_server_live()`` (tritonclient) until true (a gateway that answers),
     for a deployment whose readiness may be false for other reasons (a model left

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from e2e_support import instance_records, load_while
+from e2e_support import instance_records, load_while, wait_machine_quiet
 from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.e2e
@@ -28,8 +28,13 @@ def _slow_input(value: float) -> list[httpclient.InferInput]:
 
 
 def test_eight_concurrent_requests_make_one_batch(server) -> None:
+    """Eight requests sent at once share one execution of the 100 ms window. This test
+    runs first, while the session's server may still start its instances' heartbeat
+    processes (~0.4 s of CPU each, on two cores): it waits for a quiet machine, and
+    takes up to three rounds, as a request held up past the window runs apart; every
+    round's answers must be right."""
+    wait_machine_quiet()
     client = httpclient.InferenceServerClient(server.http_url, concurrency=8)
-    before = _stats(client, "add")
     inputs = []
     for i in range(8):
         a = httpclient.InferInput("A", [1, 4], "FP32")
@@ -37,14 +42,18 @@ def test_eight_concurrent_requests_make_one_batch(server) -> None:
         b = httpclient.InferInput("B", [1, 4], "FP32")
         b.set_data_from_numpy(np.full((1, 4), 10 * i, np.float32))
         inputs.append([a, b])
-    pending = [client.async_infer("add", pair) for pair in inputs]
-    results = [p.get_result(timeout=30) for p in pending]
-    for i, result in enumerate(results):
-        assert result.as_numpy("SUM").tolist() == [[11.0 * i] * 4]
-        assert result.as_numpy("EXEC_SIZE").tolist() == [[8]]
-    after = _stats(client, "add")
+    for _ in range(3):
+        before = _stats(client, "add")
+        pending = [client.async_infer("add", pair) for pair in inputs]
+        results = [p.get_result(timeout=30) for p in pending]
+        for i, result in enumerate(results):
+            assert result.as_numpy("SUM").tolist() == [[11.0 * i] * 4]
+        after = _stats(client, "add")
+        assert after["inference_count"] - before["inference_count"] == 8
+        if all(r.as_numpy("EXEC_SIZE").tolist() == [[8]] for r in results):
+            break
+    assert [r.as_numpy("EXEC_SIZE").tolist() for r in results] == [[[8]]] * 8
     assert after["execution_count"] - before["execution_count"] == 1
-    assert after["inference_count"] - before["inference_count"] == 8
     sizes = {b["batch_size"]: b["compute_infer"]["count"] for b in after["batch_stats"]}
     assert sizes.get(8, 0) >= 1
     client.close()
