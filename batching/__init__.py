@@ -16,7 +16,7 @@ from batching.dynamic import (
 )
 from batching.errors import BatchingError, BatchingPolicyError
 from batching.policy import DynamicBatchingPolicy, QueuePolicy, TimeoutAction
-from batching.tensors import concat_inputs, split_outputs
+from batching.tensors import concat_input, concat_inputs, split_outputs
 
 __all__ = [
     "Accepted",
@@ -31,6 +31,7 @@ __all__ = [
     "QueuePolicy",
     "Rejected",
     "TimeoutAction",
+    "concat_input",
     "concat_inputs",
     "split_outputs",
 ]

@@ -14,7 +14,7 @@ import numpy as np
 
 from batching.errors import BatchingError
 
-__all__ = ["concat_inputs", "split_outputs"]
+__all__ = ["concat_input", "concat_inputs", "split_outputs"]
 
 
 def concat_inputs(per_request: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -46,20 +46,36 @@ def concat_inputs(per_request: Sequence[Mapping[str, np.ndarray]]) -> dict[str, 
                 f"request {index} of the batch supplies inputs {sorted(inputs)}, "
                 f"expected {sorted(names)}"
             )
-    merged: dict[str, np.ndarray] = {}
-    for name in first:
-        arrays = [inputs[name] for inputs in per_request]
-        head = arrays[0]
-        for array in arrays:
-            if array.ndim == 0:
-                raise BatchingError(f"input '{name}' has no batch dimension")
-            if array.dtype != head.dtype or array.shape[1:] != head.shape[1:]:
-                raise BatchingError(
-                    f"input '{name}': cannot batch {array.dtype}{list(array.shape)} "
-                    f"with {head.dtype}{list(head.shape)}"
-                )
-        merged[name] = np.concatenate(arrays, axis=0)
-    return merged
+    return {name: concat_input(name, [inputs[name] for inputs in per_request]) for name in first}
+
+
+def concat_input(name: str, arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """Concatenate one input's arrays (one per request, in batch order) along dim 0.
+
+    Args:
+        name: the input's name, for the error message.
+        arrays: arrays of shape ``[b_i, *dims]``, one dtype and one ``dims``.
+
+    Returns:
+        An array of shape ``[sum(b_i), *dims]`` (a new one, also for a single array).
+
+    Raises:
+        BatchingError: For no arrays, a 0-d array, or dtypes / trailing dims that differ
+            between requests (the message names the input).
+    """
+    if not arrays:
+        raise BatchingError(f"input '{name}': cannot concatenate the inputs of an empty batch")
+    head = arrays[0]
+    dtype, trailing = head.dtype, head.shape[1:]
+    for array in arrays:
+        if array.ndim == 0:
+            raise BatchingError(f"input '{name}' has no batch dimension")
+        if array.dtype != dtype or array.shape[1:] != trailing:
+            raise BatchingError(
+                f"input '{name}': cannot batch {array.dtype}{list(array.shape)} "
+                f"with {head.dtype}{list(head.shape)}"
+            )
+    return np.concatenate(arrays, axis=0)
 
 
 def split_outputs(

@@ -7,6 +7,7 @@ guards against a mixed deployment reading a layout it does not know.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import msgpack
@@ -25,17 +26,32 @@ class CodecError(ValueError):
     """A message that is not a Sluice message of a known layout version."""
 
 
+_local = threading.local()
+
+
+def _pack(fields: list[Any]) -> bytes:
+    """msgpack bytes of ``fields`` (``bin`` for bytes) with this thread's packer: a
+    ``Packer`` is not safe to share between threads, and ``msgpack.packb`` builds a new
+    one per call."""
+    try:
+        packer = _local.packer
+    except AttributeError:
+        packer = _local.packer = msgpack.Packer(use_bin_type=True)
+    return packer.pack(fields)
+
+
 def _pack_tensors(tensors: tuple[WireTensor, ...]) -> list[list[Any]]:
     return [[t.name, t.datatype, list(t.shape), t.data] for t in tensors]
 
 
-def _unpack_tensors(raw: list[list[Any]]) -> tuple[WireTensor, ...]:
-    return tuple(WireTensor(n, d, tuple(s), b) for n, d, s, b in raw)
+def _unpack_tensors(raw: Any) -> tuple[WireTensor, ...]:
+    """Tensors of a message unpacked with ``use_list=False`` (shapes are tuples)."""
+    return tuple([WireTensor(n, d, s, b) for n, d, s, b in raw])
 
 
 def encode_request(message: InferRequestMessage) -> bytes:
     """Serialize a request for ``XADD``; tensors travel as msgpack ``bin``."""
-    return msgpack.packb(
+    return _pack(
         [
             _VERSION,
             message.request_id,
@@ -49,8 +65,7 @@ def encode_request(message: InferRequestMessage) -> bytes:
             message.deadline_ns,
             message.enqueued_ns,
             message.classification,
-        ],
-        use_bin_type=True,
+        ]
     )
 
 
@@ -61,7 +76,7 @@ def decode_request(payload: bytes) -> InferRequestMessage:
         CodecError: not a request of layout version ``_VERSION``.
     """
     try:
-        fields = msgpack.unpackb(payload, raw=False)
+        fields = msgpack.unpackb(payload, raw=False, use_list=False)
         (
             version,
             request_id,
@@ -86,7 +101,7 @@ def decode_request(payload: bytes) -> InferRequestMessage:
         model=model,
         version=model_version,
         inputs=_unpack_tensors(inputs),
-        outputs=tuple(outputs),
+        outputs=outputs,
         parameters=parameters,
         reply_to=reply_to,
         deadline_ns=deadline_ns,
@@ -98,7 +113,7 @@ def decode_request(payload: bytes) -> InferRequestMessage:
 def encode_response(message: InferResponseMessage) -> bytes:
     """Serialize a response for the reply key."""
     error = None if message.error is None else [message.error.code, message.error.message]
-    return msgpack.packb(
+    return _pack(
         [
             _VERSION,
             message.request_id,
@@ -109,8 +124,7 @@ def encode_response(message: InferResponseMessage) -> bytes:
             message.parameters,
             message.timings,
             message.load_id,
-        ],
-        use_bin_type=True,
+        ]
     )
 
 
@@ -121,7 +135,7 @@ def decode_response(payload: bytes) -> InferResponseMessage:
         CodecError: not a response of layout version ``_VERSION``.
     """
     try:
-        fields = msgpack.unpackb(payload, raw=False)
+        fields = msgpack.unpackb(payload, raw=False, use_list=False)
         version, request_id, model, model_version, outputs, error, parameters, timings = (
             fields[:8]
         )

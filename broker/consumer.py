@@ -246,6 +246,8 @@ def ensure_group(client: redis.Redis, stream: str) -> None:
 
 def _payload(fields: object) -> bytes:
     """The request bytes of an entry's fields: a raw ``[name, value, …]`` list or a dict."""
+    if type(fields) is list and len(fields) == 2 and fields[0] == PAYLOAD_FIELD:
+        return fields[1]  # what the gateway's XADD writes
     if isinstance(fields, dict):
         return fields[PAYLOAD_FIELD]
     items = iter(fields)  # type: ignore[call-overload]

@@ -7,13 +7,14 @@ Triton model_config.proto ``ModelDynamicBatching`` / ``ModelQueuePolicy``.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelQueuePolicy
 
 from batching import DynamicBatchingPolicy, QueuePolicy
 from broker.keys import KeySchema
+from broker.messages import WireTensor
 
 
 def _queue_policy(raw: ModelQueuePolicy) -> QueuePolicy:
@@ -95,14 +96,27 @@ class ShapeKeys:
         )
         self._shape_tensors = frozenset(t.name for t in config.input if t.is_shape_tensor)
 
-    def key(self, shapes: Mapping[str, Sequence[int]], data: Mapping[str, bytes]) -> Hashable:
-        """Key of one request from its input shapes (batch dim first) and raw data."""
+    def key(self, inputs: Sequence[WireTensor]) -> Hashable:
+        """Key of one request from its input tensors (shapes batch dim first, raw data).
+
+        A model with no variable-size input and no shape tensor gives every request
+        the key of its sorted input names (only the set of supplied inputs matters).
+        """
+        if not self._compared:
+            if len(inputs) == 1:
+                return inputs[0].name
+            return tuple(sorted(t.name for t in inputs))
         parts: list[tuple[str, object]] = []
-        for name in sorted(shapes):
+        for tensor in sorted(inputs, key=_name):
+            name = tensor.name
             if name in self._shape_tensors:
-                parts.append((name, data[name]))
+                parts.append((name, tensor.data))
             elif name in self._compared:
-                parts.append((name, tuple(shapes[name][1:])))
+                parts.append((name, tuple(tensor.shape[1:])))
             else:
                 parts.append((name, None))
         return tuple(parts)
+
+
+def _name(tensor: WireTensor) -> str:
+    return tensor.name

@@ -61,12 +61,9 @@ _REASONS = {"UNAVAILABLE": "REJECTED", "CANCELLED": "CANCELED", "INTERNAL": "BAC
 
 
 def _wire(name: str, datatype: str, array: np.ndarray) -> WireTensor:
-    shape = tuple(int(d) for d in array.shape)
-    if datatype == "BYTES":
-        data = serialize_bytes(array.reshape(-1))
-    else:
-        data = np.ascontiguousarray(array).tobytes()
-    return WireTensor(name, datatype, shape, data)
+    # tobytes() writes C order whatever the array's layout
+    data = serialize_bytes(array.reshape(-1)) if datatype == "BYTES" else array.tobytes()
+    return WireTensor(name, datatype, array.shape, data)
 
 
 def output_datatypes(config: object) -> dict[str, str]:
@@ -357,9 +354,13 @@ class InstanceLoop:
     def admit(self, deliveries: Sequence[Delivery]) -> None:
         """Offer each delivery to the batcher; answer refusals at once."""
         refused: list[tuple[Delivery, str, str]] = []
+        held = self._held
+        offer = self._batcher.offer
+        key = self._shape_keys.key
+        now = self._clock()
         for delivery in deliveries:
             message = delivery.message
-            if message.request_id in self._held:  # claimed twice; keep the first
+            if message.request_id in held:  # claimed twice; keep the first
                 continue
             if delivery.deliveries > MAX_DELIVERIES:
                 refused.append(
@@ -372,24 +373,25 @@ class InstanceLoop:
                     )
                 )
                 continue
-            shapes = {t.name: t.shape for t in message.inputs}
+            inputs = message.inputs
             batch_size = 0
-            if self._batching and message.inputs:
-                batch_size = int(message.inputs[0].shape[0]) if message.inputs[0].shape else 0
-            timeout = message.parameters.get("timeout")
+            if self._batching and inputs:
+                batch_size = int(inputs[0].shape[0]) if inputs[0].shape else 0
+            parameters = message.parameters
+            timeout = parameters.get("timeout") if parameters else None
             pending = Pending(
-                id=message.request_id,
-                batch_size=batch_size,
-                shape_key=self._shape_keys.key(shapes, {t.name: t.data for t in message.inputs}),
-                arrival_ns=message.enqueued_ns,
-                priority=int(message.parameters.get("priority", 0) or 0),
-                timeout_us=int(timeout) if isinstance(timeout, int) and timeout > 0 else None,
+                message.request_id,
+                batch_size,
+                key(inputs),
+                message.enqueued_ns,
+                int(parameters.get("priority", 0) or 0) if parameters else 0,
+                int(timeout) if isinstance(timeout, int) and timeout > 0 else None,
             )
-            admission = self._batcher.offer(pending, self._clock())
+            admission = offer(pending, now)
             if isinstance(admission, Rejected):
                 refused.append((delivery, admission.code, admission.reason))
             else:
-                self._held[message.request_id] = _Held(delivery, batch_size)
+                held[message.request_id] = _Held(delivery, batch_size)
         if refused:
             self._fail(refused)
 
@@ -514,28 +516,40 @@ class InstanceLoop:
         if late:
             successes = [(i, h) for i, h in successes if h.delivery.message.deadline_ns > done]
         times = ExecutionTimes(input_done - start, infer_done - input_done, done - infer_done)
-        executed_size = sum(max(1, h.batch_size) for h in held) - sum(
-            max(1, held[i].batch_size) for i in decode_errors
-        )
+        executed_size = sum(h.batch_size if h.batch_size > 1 else 1 for h in held)
+        for index in decode_errors:
+            executed_size -= max(1, held[index].batch_size)
 
         delta = StatsDelta()
         if successes:
             # Triton's backends report an execution's batch statistics (execution_count,
             # batch_stats) unless every response of it failed (onnxruntime_backend)
             delta.execution(executed_size, times)
-            enqueued = [item.delivery.message.enqueued_ns for _, item in successes]
+            # each request's durations, in ns and µs (a gateway's clock may run ahead)
+            request_us: list[int] = []
+            queue_us: list[int] = []
+            request_ns = queue_ns = inferences = 0
+            for _, item in successes:
+                enqueued = item.delivery.message.enqueued_ns
+                in_server = done - enqueued if done > enqueued else 0
+                queued = start - enqueued if start > enqueued else 0
+                request_ns += in_server
+                queue_ns += queued
+                request_us.append(in_server // 1000)
+                queue_us.append(queued // 1000)
+                inferences += item.batch_size if item.batch_size > 1 else 1
             delta.successes(
                 count=len(successes),
-                inferences=sum(max(1, item.batch_size) for _, item in successes),
-                request_ns=sum(max(0, done - t) for t in enqueued),
-                queue_ns=sum(max(0, start - t) for t in enqueued),
+                inferences=inferences,
+                request_ns=request_ns,
+                queue_ns=queue_ns,
                 times=times,
                 now_ms=done // 1_000_000,
             )
             if self._latencies is not None:
                 self._latencies.observe_batch(
-                    [max(0, done - t) // 1000 for t in enqueued],
-                    [max(0, start - t) // 1000 for t in enqueued],
+                    request_us,
+                    queue_us,
                     (
                         times.compute_input_ns // 1000,
                         times.compute_infer_ns // 1000,

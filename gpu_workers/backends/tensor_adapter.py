@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from batching import concat_inputs, split_outputs
+from batching import concat_input, split_outputs
 from broker.datatypes import NUMPY_DTYPES, config_to_protocol
 from gpu_workers.backends.base import (
     BackendInputError,
@@ -93,14 +93,17 @@ class TensorBackendAdapter:
             next(iter(r.inputs.values())).shape[0] if batching and r.inputs else 0 for r in requests
         ]
         try:
-            feeds = [self._prepare(r, batching) for r in requests]
+            if self._input_reshape:
+                feeds = [self._prepare(r, batching) for r in requests]
+            else:
+                feeds = [r.inputs for r in requests]  # nothing to reshape: as they came
             if len(feeds) == 1:
-                feed = feeds[0]
+                feed = dict(feeds[0])
             else:
                 feed = {
                     name: np.concatenate([f[name].reshape(-1) for f in feeds])
                     if name in self._ragged
-                    else concat_inputs([{name: f[name]} for f in feeds])[name]
+                    else concat_input(name, [f[name] for f in feeds])
                     for name in feeds[0]
                 }
             produced = self._framework.run(feed, self._output_names)
