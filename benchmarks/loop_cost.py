@@ -57,7 +57,8 @@ class _Instant:
 
 
 def _harness(batch: int, batches: int):  # type: ignore[no-untyped-def]
-    """One batch's work as a callable of the batch index, and its prepared replies."""
+    """One batch's work as a callable of the batch index (0 to ``batches - 1``, each a
+    prepared ``XREADGROUP`` reply) that returns the packed pipeline."""
     import numpy as np
     import redis
     from google.protobuf import text_format
@@ -108,13 +109,13 @@ def _harness(batch: int, batches: int):  # type: ignore[no-untyped-def]
 
     replies = [reply(k) for k in range(batches)]
 
-    def one(k: int) -> None:
+    def one(k: int) -> bytes:
         loop.admit(consumer._decode(replies[k]))
         taken = loop._batcher.take(time.time_ns())
         assert taken is not None and len(taken.items) == batch, taken
         loop._execute(taken)
         commands, consumer._deferred = consumer._deferred, []
-        pack_pipeline([*commands, read])
+        return pack_pipeline([*commands, read])
 
     return one
 
