@@ -47,6 +47,40 @@ IDENTITY_TYPES = {
 CONFIG_TYPES = {"BYTES": "TYPE_STRING"}
 
 
+def tritonclient_body(
+    arrays: dict[str, tuple[np.ndarray, str, bool]],
+    outputs: list | None = None,
+    **kwargs: object,
+) -> tuple[bytes, int | None]:
+    """An HTTP inference request body exactly as ``tritonclient.http`` builds it, and its
+    ``Inference-Header-Content-Length`` (None: all JSON).
+
+    Args:
+        arrays: input name -> (array, protocol datatype, sent as binary data).
+        outputs: ``tritonclient.http.InferRequestedOutput`` objects (None: every output).
+        kwargs: ``request_id``, ``priority``, ``timeout``, ... as the client passes them.
+    """
+    import tritonclient.http as httpclient
+    from tritonclient.http._utils import _get_inference_request
+
+    inputs = []
+    for name, (array, datatype, binary) in arrays.items():
+        tensor = httpclient.InferInput(name, list(array.shape), datatype)
+        tensor.set_data_from_numpy(array, binary_data=binary)
+        inputs.append(tensor)
+    params: dict[str, object] = {
+        "request_id": "",
+        "sequence_id": 0,
+        "sequence_start": False,
+        "sequence_end": False,
+        "priority": 0,
+        "timeout": None,
+        "custom_parameters": None,
+    }
+    params.update(kwargs)
+    return _get_inference_request(inputs=inputs, outputs=outputs, **params)
+
+
 def _save(model: onnx.ModelProto, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     model.ir_version = 8

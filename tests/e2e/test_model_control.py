@@ -148,19 +148,27 @@ def test_grpc_load_and_unload(explicit_server: Server) -> None:
     assert "failed to load 'nope', failed to poll from model repository" in info.value.message()
 
 
-def test_load_with_config_override(explicit_server: Server) -> None:
-    client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
-    client.load_model("batch_scale")
-    assert client.get_model_config("batch_scale")["max_batch_size"] == 16
-    override = {
+def _batch_scale_config(max_batch_size: int, **parameters: str) -> dict:
+    """A config override of ``batch_scale`` (JSON of ModelConfig): one CPU instance, the
+    given ``max_batch_size`` and string ``parameters``."""
+    config: dict = {
         "name": "batch_scale",
         "backend": "onnxruntime",
-        "max_batch_size": 4,
+        "max_batch_size": max_batch_size,
         "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
         "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
         "instance_group": [{"kind": "KIND_CPU", "count": 1}],
     }
-    client.load_model("batch_scale", config=json.dumps(override))
+    if parameters:
+        config["parameters"] = {k: {"string_value": v} for k, v in parameters.items()}
+    return config
+
+
+def test_load_with_config_override(explicit_server: Server) -> None:
+    client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
+    client.load_model("batch_scale")
+    assert client.get_model_config("batch_scale")["max_batch_size"] == 16
+    client.load_model("batch_scale", config=json.dumps(_batch_scale_config(4)))
     config = client.get_model_config("batch_scale")
     assert config["max_batch_size"] == 4
     assert config["instance_group"][0]["count"] == 1
@@ -182,15 +190,7 @@ def test_a_kept_header_is_checked_again_against_a_reloaded_config(explicit_serve
         for _ in range(3):
             out = client.infer("batch_scale", _scale_input(1.5, batch=5)).as_numpy("OUTPUT0")
             np.testing.assert_array_equal(out, np.full((5, 4), 4.5, np.float32))
-        override = {
-            "name": "batch_scale",
-            "backend": "onnxruntime",
-            "max_batch_size": 4,
-            "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
-            "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
-            "instance_group": [{"kind": "KIND_CPU", "count": 1}],
-        }
-        client.load_model("batch_scale", config=json.dumps(override))
+        client.load_model("batch_scale", config=json.dumps(_batch_scale_config(4)))
         for _ in range(2):
             with pytest.raises(InferenceServerException) as info:
                 client.infer("batch_scale", _scale_input(1.5, batch=5))
@@ -217,18 +217,11 @@ def test_ort_helper_threads_run_at_idle_priority(explicit_server: Server) -> Non
     """ORT's intra-op helper threads (not the instance's own threads) run at SCHED_IDLE,
     unless ``intra_op_thread_priority`` is ``normal``; answers are the same either way."""
     client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
-    config = {
-        "name": "batch_scale",
-        "backend": "onnxruntime",
-        "max_batch_size": 4,
-        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
-        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
-        "instance_group": [{"kind": "KIND_CPU", "count": 1}],
-        "parameters": {"intra_op_thread_count": {"string_value": "3"}},
-    }
     try:
         for priority, idle in (("idle", 2), ("normal", 0)):
-            config["parameters"]["intra_op_thread_priority"] = {"string_value": priority}
+            config = _batch_scale_config(
+                4, intra_op_thread_count="3", intra_op_thread_priority=priority
+            )
             client.load_model("batch_scale", config=json.dumps(config))
             (record,) = [
                 r for r in instance_records(explicit_server, "batch_scale").values()

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from tritonclient.http._utils import _get_inference_request
+from e2e_support import tritonclient_body
 
 from api.http.header_cache import HeaderCache
 from api.http.infer_codec import parse_infer_request
@@ -19,24 +19,9 @@ MODEL = "m"
 def _body(
     arrays: dict[str, tuple[np.ndarray, str, bool]], **kwargs: Any
 ) -> tuple[bytes, int | None]:
-    """A request body exactly as tritonclient.http builds it."""
-    inputs = []
-    for name, (array, datatype, binary) in arrays.items():
-        tensor = httpclient.InferInput(name, list(array.shape), datatype)
-        tensor.set_data_from_numpy(array, binary_data=binary)
-        inputs.append(tensor)
-    params: dict[str, Any] = {
-        "request_id": "",
-        "sequence_id": 0,
-        "sequence_start": False,
-        "sequence_end": False,
-        "priority": 0,
-        "timeout": None,
-        "custom_parameters": None,
-    }
-    params.update(kwargs)
+    """A request body exactly as tritonclient.http builds it, asking for OUT in binary."""
     outputs = [httpclient.InferRequestedOutput("OUT", binary_data=True)]
-    return _get_inference_request(inputs=inputs, outputs=outputs, **params)
+    return tritonclient_body(arrays, outputs, **kwargs)
 
 
 def _fp32(value: float, rows: int = 2) -> np.ndarray:

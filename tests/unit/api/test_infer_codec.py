@@ -9,7 +9,7 @@ import numpy as np
 import orjson
 import pytest
 import tritonclient.http as httpclient
-from tritonclient.http._utils import _get_inference_request
+from e2e_support import tritonclient_body
 
 from api.http.infer_codec import HttpInferRequest, encode_infer_response, parse_infer_request
 from api.models import TensorSpec
@@ -52,22 +52,7 @@ def _client_body(
     **kwargs: Any,
 ) -> tuple[bytes, int | None]:
     """A request body exactly as tritonclient.http 2.73.0 builds it."""
-    inputs = []
-    for name, (array, datatype, binary) in arrays.items():
-        tensor = httpclient.InferInput(name, list(array.shape), datatype)
-        tensor.set_data_from_numpy(array, binary_data=binary)
-        inputs.append(tensor)
-    params = {
-        "request_id": "",
-        "sequence_id": 0,
-        "sequence_start": False,
-        "sequence_end": False,
-        "priority": 0,
-        "timeout": None,
-        "custom_parameters": None,
-    }
-    params.update(kwargs)
-    return _get_inference_request(inputs=inputs, outputs=outputs, **params)
+    return tritonclient_body(arrays, outputs, **kwargs)
 
 
 def _handmade(document: dict[str, Any], binary: bytes = b"") -> tuple[bytes, int | None]:
