@@ -23,7 +23,6 @@ from api.log_settings import LogSettings
 from api.models import ModelRegistry, ModelView
 from api.response_cache import ResponseCache
 from api.settings import GatewaySettings
-from api.validation import validate_request
 from broker.codec import CodecError, decode_request
 from broker.control import ControlCommand, encode_command
 from broker.errors import ErrorCode, SluiceError
@@ -39,6 +38,7 @@ from broker.model_store import ModelState
 from broker.multiplex import MultiplexedConnection
 from broker.producer import PAYLOAD_FIELD, QUEUE_FULL, Producer, enqueue_error
 from broker.replies import ReplyRouter
+from broker.request_checks import validate_request
 from broker.scheduling import StreamLayout
 from broker.stats_store import StatsDelta, read_stats, triton_model_stats
 
@@ -547,6 +547,7 @@ class DataPlane:
         if not checked:
             validate_request(view, inputs, outputs)
         now_ns = time.time_ns()
+        state = view.versions.get(resolved)
         message = InferRequestMessage(
             request_id=request_id,
             client_id=client_id,
@@ -559,9 +560,9 @@ class DataPlane:
             deadline_ns=now_ns + self._timeout_ns,
             enqueued_ns=now_ns,
             classification={o.name: o.class_count for o in outputs if o.class_count > 0},
+            load_id=state.load_id if state is not None else "",
         )
         if self.cache is not None and view.config.response_cache.enable:
-            state = view.versions.get(resolved)
             return self.cache.submit(
                 message,
                 state.load_id if state is not None else "",

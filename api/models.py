@@ -13,33 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from google.protobuf import json_format
-from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
+from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 from batching import DynamicBatchingPolicy
-from broker.datatypes import config_to_protocol
 from broker.errors import ErrorCode, SluiceError
 from broker.model_store import AsyncModelStore, ModelRecord, ModelState, VersionState
+from broker.request_checks import TensorSpec, tensor_spec
 from broker.scheduling import scheduling_policy
 from repository.render import config_to_json
-
-
-@dataclass(frozen=True, slots=True)
-class TensorSpec:
-    """One config input or output, in protocol terms.
-
-    Attributes:
-        name: tensor name.
-        datatype: protocol datatype (``FP32``, ``BYTES``, …).
-        dims: config ``dims`` (batch dimension excluded; -1 = any size).
-        optional: Triton ``ModelInput.optional``.
-        is_shape_tensor: Triton ``is_shape_tensor``.
-    """
-
-    name: str
-    datatype: str
-    dims: tuple[int, ...]
-    optional: bool = False
-    is_shape_tensor: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,16 +83,6 @@ class ModelView:
         return version
 
 
-def _spec(tensor: Any) -> TensorSpec:
-    return TensorSpec(
-        name=tensor.name,
-        datatype=config_to_protocol(DataType.Name(tensor.data_type)),
-        dims=tuple(int(d) for d in tensor.dims),
-        optional=bool(getattr(tensor, "optional", False)),
-        is_shape_tensor=bool(tensor.is_shape_tensor),
-    )
-
-
 def build_view(record: ModelRecord) -> ModelView:
     """Turn what Redis holds into a :class:`ModelView`."""
     config = json_format.Parse(record.config_json, ModelConfig())
@@ -120,8 +91,8 @@ def build_view(record: ModelRecord) -> ModelView:
         config=config,
         config_json=config_to_json(config),
         versions=record.versions,
-        inputs={t.name: _spec(t) for t in config.input},
-        outputs={t.name: _spec(t) for t in config.output},
+        inputs={t.name: tensor_spec(t) for t in config.input},
+        outputs={t.name: tensor_spec(t) for t in config.output},
         policy=scheduling_policy(config),
         ready=tuple(sorted(v for v, s in record.versions.items() if s.state is ModelState.READY)),
         fetched_at=time.monotonic(),

@@ -65,6 +65,7 @@ def encode_request(message: InferRequestMessage) -> bytes:
             message.deadline_ns,
             message.enqueued_ns,
             message.classification,
+            message.load_id,
         ]
     )
 
@@ -90,7 +91,8 @@ def decode_request(payload: bytes) -> InferRequestMessage:
             deadline_ns,
             enqueued_ns,
             classification,
-        ) = fields
+        ) = fields[:12]
+        load_id = fields[12] if len(fields) > 12 else ""  # a gateway without it: ""
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise CodecError(f"undecodable request message: {exc}") from exc
     if version != _VERSION:
@@ -107,6 +109,7 @@ def decode_request(payload: bytes) -> InferRequestMessage:
         deadline_ns=deadline_ns,
         enqueued_ns=enqueued_ns,
         classification=classification,
+        load_id=load_id if isinstance(load_id, str) else "",
     )
 
 

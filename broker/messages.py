@@ -65,6 +65,9 @@ class InferRequestMessage:
         enqueued_ns: wall-clock time the gateway queued it, ns since the epoch.
         classification: output name -> ``k`` for outputs asked for as top-k class strings
             (Triton classification extension).
+        load_id: the load of the version the gateway checked the request against
+            (``VersionState.load_id``; empty: unknown). An instance of another load checks
+            it again against its own config (``broker.request_checks``).
     """
 
     request_id: str
@@ -78,6 +81,7 @@ class InferRequestMessage:
     deadline_ns: int
     enqueued_ns: int
     classification: dict[str, int] = field(default_factory=dict)
+    load_id: str = ""
 
 
 @dataclass(slots=True)

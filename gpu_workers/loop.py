@@ -26,9 +26,17 @@ import redis.exceptions
 from batching import Batch, DynamicBatcher, Pending, Rejected
 from broker.consumer import Delivery, StreamConsumer
 from broker.datatypes import config_to_protocol, serialize_bytes, to_numpy
+from broker.errors import SluiceError
 from broker.latency_window import LatencyRecorder
-from broker.messages import ErrorInfo, InferRequestMessage, InferResponseMessage, WireTensor
+from broker.messages import (
+    ErrorInfo,
+    InferRequestMessage,
+    InferResponseMessage,
+    RequestedOutput,
+    WireTensor,
+)
 from broker.outage import OutageLog
+from broker.request_checks import RequestRules, validate_request
 from broker.scheduling import ShapeKeys, StreamLayout
 from broker.stats_store import ExecutionTimes, StatsDelta, StatsShard
 from gpu_workers.backends.base import Backend, InferError, InferRequest, InferResponse
@@ -96,6 +104,9 @@ class InstanceLoop:
         clock: wall-clock ns; injectable for tests.
         load_id: the model load this instance belongs to, stamped on its answers
             (``InferResponseMessage.load_id``).
+        rules: the instance's config checks: a request that a gateway checked against
+            another load (``InferRequestMessage.load_id``, during a reload) is checked
+            again against them and refused with their error (None: not checked).
     """
 
     def __init__(
@@ -109,6 +120,7 @@ class InstanceLoop:
         batching: bool,
         clock: Callable[[], int] = time.time_ns,
         load_id: str = "",
+        rules: RequestRules | None = None,
     ) -> None:
         self._consumer = consumer
         self._backend = backend
@@ -122,6 +134,7 @@ class InstanceLoop:
         self._clock = clock
         self._batcher = DynamicBatcher(layout.policy)
         self._load_id = load_id
+        self._rules = rules
         #: latency histograms of the summary metrics (None: nothing is counted)
         self._latencies = (
             LatencyRecorder(layout.keys.latency_window(layout.model, layout.version))
@@ -354,6 +367,8 @@ class InstanceLoop:
     def admit(self, deliveries: Sequence[Delivery]) -> None:
         """Offer each delivery to the batcher; answer refusals at once."""
         refused: list[tuple[Delivery, str, str]] = []
+        #: refused by the config checks: not counted, as a gateway's refusals are not
+        checks_refused: list[tuple[Delivery, str, str]] = []
         held = self._held
         offer = self._batcher.offer
         key = self._shape_keys.key
@@ -373,6 +388,16 @@ class InstanceLoop:
                     )
                 )
                 continue
+            if (
+                self._rules is not None
+                and message.load_id
+                and self._load_id
+                and message.load_id != self._load_id
+            ):
+                refusal = self._recheck(message)
+                if refusal is not None:
+                    checks_refused.append((delivery, refusal.code.value, refusal.message))
+                    continue
             inputs = message.inputs
             batch_size = 0
             if self._batching and inputs:
@@ -394,6 +419,31 @@ class InstanceLoop:
                 held[message.request_id] = _Held(delivery, batch_size)
         if refused:
             self._fail(refused)
+        if checks_refused:
+            self._fail(checks_refused, counted=False)
+
+    def _recheck(self, message: InferRequestMessage) -> SluiceError | None:
+        """The error of a request checked by a gateway against another load of the model,
+        under this instance's config (Triton's texts, ``broker.request_checks``), or None.
+        """
+        assert self._rules is not None
+        requested = [
+            RequestedOutput(name, class_count=message.classification.get(name, 0))
+            for name in message.outputs
+        ]
+        try:
+            validate_request(self._rules, message.inputs, requested)
+        except SluiceError as exc:
+            logger.debug(
+                "request %s of model '%s' was checked against load %s, not %s: %s",
+                message.request_id,
+                self._model,
+                message.load_id,
+                self._load_id,
+                exc.message,
+            )
+            return exc
+        return None
 
     # -- answers -----------------------------------------------------------------------------
 
@@ -417,7 +467,10 @@ class InstanceLoop:
             request_id, self._model, self._version, error=ErrorInfo(code, message)
         )
 
-    def _fail(self, failures: Sequence[tuple[Delivery, str, str]]) -> None:
+    def _fail(self, failures: Sequence[tuple[Delivery, str, str]], counted: bool = True) -> None:
+        """Answer each ``(delivery, code, text)`` with its error and acknowledge it;
+        ``counted``: as a failure in the statistics (Triton counts no request its checks
+        refused before it was queued)."""
         now = self._clock()
         replies = [
             (d.message.reply_to, self._error(d.message.request_id, code, text))
@@ -434,9 +487,11 @@ class InstanceLoop:
                 code,
                 text,
             )
-            delta.failure(
-                request_ns=now - delivery.message.enqueued_ns, reason=_REASONS.get(code, "OTHER")
-            )
+            if counted:
+                delta.failure(
+                    request_ns=now - delivery.message.enqueued_ns,
+                    reason=_REASONS.get(code, "OTHER"),
+                )
         self._consumer.finish(replies, [d for d, _, _ in failures], self._stats, delta)
 
     # -- execution ---------------------------------------------------------------------------

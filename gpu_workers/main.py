@@ -27,6 +27,7 @@ from broker.consumer import StreamConsumer
 from broker.keys import KeySchema
 from broker.logs import LogOptions, configure_logging
 from broker.model_store import ModelState, ModelStore
+from broker.request_checks import RequestRules
 from broker.scheduling import ShapeKeys, StreamLayout, scheduling_policy
 from broker.settings import RedisSettings
 from broker.stats_store import fold_stats_shards, open_stats_shard
@@ -148,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         open_stats_shard(client, keys, args.model, args.version, args.instance),
         batching=config.max_batch_size > 0,
         load_id=args.load_id,
+        rules=RequestRules.from_config(config),
     )
     loop.drain_limit_ns = int(args.drain_timeout_secs * 1e9)
     liveness = Liveness(

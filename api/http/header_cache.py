@@ -6,7 +6,7 @@ datatypes and ``binary_data_size``, requested outputs, parameters; only the byte
 after it change. :class:`HeaderCache` keeps the :class:`BinaryLayout` of each header
 it parsed, so a request whose header and body length match one is built without
 parsing JSON, and, once one request of that header passed the model's checks
-(:func:`api.validation.validate_request`, which for non-``BYTES`` inputs reads only
+(:func:`broker.request_checks.validate_request`, which for non-``BYTES`` inputs reads only
 what the header says), without checking it again against the same model view. A
 header that lists a JSON ``data`` input, a request id (``"id"``) that changes each
 time, or a body of another length is parsed as before.
@@ -18,7 +18,7 @@ from collections.abc import Collection
 from typing import Any
 
 from api.http.infer_codec import BinaryLayout, HttpInferRequest, parse_with_layout
-from api.models import TensorSpec
+from broker.request_checks import TensorSpec
 
 __all__ = ["CachedHeader", "HeaderCache"]
 

@@ -22,7 +22,6 @@ import numpy as np
 import orjson
 import rapidjson
 
-from api.models import TensorSpec
 from api.outputs import select_outputs
 from api.parameters import (
     check_datatype,
@@ -32,7 +31,6 @@ from api.parameters import (
     is_uint,
     shared_memory_unsupported,
 )
-from api.validation import negative_shape
 from broker.datatypes import (
     ELEMENT_SIZES,
     NUMPY_DTYPES,
@@ -42,6 +40,7 @@ from broker.datatypes import (
 )
 from broker.errors import ErrorCode, SluiceError, invalid_arg
 from broker.messages import ParameterValue, RequestedOutput, WireTensor
+from broker.request_checks import TensorSpec, negative_shape
 
 __all__ = [
     "BinaryLayout",

@@ -52,6 +52,10 @@ def control_repo(model_repository: Path, tmp_path_factory: pytest.TempPathFactor
     repo = tmp_path_factory.mktemp("control-repo")
     for name in ("add_sub", "slow_pair", "versioned"):
         shutil.copytree(model_repository / name, repo / name)
+    # slow_pair's model under a name of its own, for a test that reloads it
+    shutil.copytree(model_repository / "slow_pair", repo / "reload_echo")
+    config = (repo / "reload_echo/config.pbtxt").read_text()
+    (repo / "reload_echo/config.pbtxt").write_text(config.replace("slow_pair", "reload_echo"))
     build_batch_scale(repo)
     (repo / "broken/1").mkdir(parents=True)
     (repo / "broken/1/model.onnx").write_bytes(b"not onnx")
@@ -199,6 +203,71 @@ def test_a_kept_header_is_checked_again_against_a_reloaded_config(explicit_serve
             )
     finally:
         client.unload_model("batch_scale")
+
+
+def test_a_reload_never_runs_a_request_under_a_config_it_was_not_checked_against(
+    explicit_server: Server,
+) -> None:
+    """A reload that changes a tensor's datatype under load: each request is answered by
+    the config it was checked against, or refused with the new config's text. An
+    instance re-checks a request that a gateway checked against another load (its view,
+    cached briefly, is older than the new instances): before, FP32 requests of the old
+    config ran on the INT32 model and came back 200 with INT32 outputs."""
+    client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
+    client.load_model("reload_echo")
+    int32 = {
+        "name": "reload_echo",
+        "backend": "python",
+        "max_batch_size": 8,
+        "input": [{"name": "IN", "data_type": "TYPE_INT32", "dims": [1]}],
+        "output": [
+            {"name": "OUT", "data_type": "TYPE_INT32", "dims": [1]},
+            {"name": "REQUEST_ID", "data_type": "TYPE_STRING", "dims": [1]},
+            {"name": "PARAMS", "data_type": "TYPE_STRING", "dims": [1]},
+        ],
+        "instance_group": [{"kind": "KIND_CPU", "count": 2}],
+        "dynamic_batching": {},
+    }
+    stop = threading.Event()
+    seen: list[tuple[str, object]] = []
+    errors: list[BaseException] = []
+
+    def send(seed: int) -> None:
+        c = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=60)
+        value = float(seed)  # integer-valued: an INT32 model could answer it unchanged
+        tensor = httpclient.InferInput("IN", [1, 1], "FP32")
+        tensor.set_data_from_numpy(np.full((1, 1), value, np.float32))
+        try:
+            while not stop.is_set():
+                try:
+                    out = c.infer("reload_echo", [tensor]).as_numpy("OUT")
+                    seen.append(("ok", out))
+                    assert out.dtype == np.float32 and out.tolist() == [[value]], out
+                except InferenceServerException as exc:
+                    seen.append(("refused", exc.message()))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=send, args=(i + 2,)) for i in range(6)]
+    try:
+        for thread in threads:
+            thread.start()
+        time.sleep(1.0)
+        client.load_model("reload_echo", config=json.dumps(int32))
+        time.sleep(1.5)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+        client.unload_model("reload_echo")
+    assert not errors, errors[:3]
+    refusals = {text for kind, text in seen if kind == "refused"}
+    assert refusals == {
+        "inference input 'IN' data-type is 'FP32', but model 'reload_echo' expects 'INT32'"
+    }, refusals
+    assert sum(1 for kind, _ in seen if kind == "ok") > 10
 
 
 def _idle_threads(pid: int) -> int:

@@ -12,10 +12,10 @@ import tritonclient.http as httpclient
 from e2e_support import tritonclient_body
 
 from api.http.infer_codec import HttpInferRequest, encode_infer_response, parse_infer_request
-from api.models import TensorSpec
 from broker.datatypes import serialize_bytes, to_numpy
 from broker.errors import ErrorCode, SluiceError
 from broker.messages import RequestedOutput, WireTensor
+from broker.request_checks import TensorSpec
 
 MODEL = "m"
 NUMPY = {"FP32": np.float32, "FP64": np.float64}

@@ -114,3 +114,13 @@ def test_undecodable_messages(payload: bytes) -> None:
         decode_request(payload)
     with pytest.raises(CodecError):
         decode_response(payload)
+
+
+def test_a_request_carries_the_load_it_was_checked_against() -> None:
+    message = _request(())
+    message.load_id = "8fe93415e7934017"
+    assert decode_request(encode_request(message)).load_id == "8fe93415e7934017"
+    # a gateway of the layout before load_id: twelve fields, the load unknown
+    fields = msgpack.unpackb(encode_request(message), raw=False)
+    older = decode_request(msgpack.packb(fields[:12], use_bin_type=True))
+    assert older.load_id == "" and older.request_id == "abc" and older.enqueued_ns == 123

@@ -1,18 +1,105 @@
-"""Checks every request against its model's config before it is queued.
+"""Checks every request against its model's config before it runs.
 
 One rule set for HTTP and gRPC, in Triton's order and with Triton's texts
 (PROTOCOL.md 6.1 and 1.14): requested outputs, input names and count, batch
-size, datatype, shape, byte size.
+size, datatype, shape, byte size. The gateway checks each request before it queues it
+(against its view of the model); an instance checks again a request the gateway checked
+against another load of the model than the instance's own (during a reload, while a
+gateway's cached view is older or newer than the instance: Triton switches a model's
+config at once, so each request runs under the config it was checked against).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from api.models import ModelView, TensorSpec
-from broker.datatypes import ELEMENT_SIZES, deserialize_bytes, element_count
+from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
+
+from broker.datatypes import ELEMENT_SIZES, config_to_protocol, deserialize_bytes, element_count
 from broker.errors import SluiceError, invalid_arg
 from broker.messages import RequestedOutput, WireTensor
+
+__all__ = [
+    "ModelRules",
+    "RequestRules",
+    "TensorSpec",
+    "negative_shape",
+    "tensor_spec",
+    "validate_request",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One config input or output, in protocol terms.
+
+    Attributes:
+        name: tensor name.
+        datatype: protocol datatype (``FP32``, ``BYTES``, …).
+        dims: config ``dims`` (batch dimension excluded; -1 = any size).
+        optional: Triton ``ModelInput.optional``.
+        is_shape_tensor: Triton ``is_shape_tensor``.
+    """
+
+    name: str
+    datatype: str
+    dims: tuple[int, ...]
+    optional: bool = False
+    is_shape_tensor: bool = False
+
+
+def tensor_spec(tensor: Any) -> TensorSpec:
+    """The :class:`TensorSpec` of a config ``ModelInput`` / ``ModelOutput``."""
+    return TensorSpec(
+        name=tensor.name,
+        datatype=config_to_protocol(DataType.Name(tensor.data_type)),
+        dims=tuple(int(d) for d in tensor.dims),
+        optional=bool(getattr(tensor, "optional", False)),
+        is_shape_tensor=bool(tensor.is_shape_tensor),
+    )
+
+
+class ModelRules(Protocol):
+    """What the checks read of a model (the gateway's ``ModelView`` has it too)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def inputs(self) -> dict[str, TensorSpec]: ...
+    @property
+    def outputs(self) -> dict[str, TensorSpec]: ...
+    @property
+    def max_batch_size(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRules:
+    """A model config's inputs, outputs and ``max_batch_size``, for :func:`validate_request`.
+
+    Attributes:
+        name: model name.
+        inputs: input name -> spec.
+        outputs: output name -> spec.
+        max_batch_size: Triton model_config.proto ``max_batch_size`` (0: no batch dim).
+    """
+
+    name: str
+    inputs: dict[str, TensorSpec]
+    outputs: dict[str, TensorSpec]
+    max_batch_size: int
+
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> RequestRules:
+        """The rules of an effective (completed) model config."""
+        return cls(
+            name=config.name,
+            inputs={t.name: tensor_spec(t) for t in config.input},
+            outputs={t.name: tensor_spec(t) for t in config.output},
+            max_batch_size=int(config.max_batch_size),
+        )
+
 
 #: Triton classification extension: only numeric, non-16-bit outputs can be classified.
 _UNCLASSIFIABLE = frozenset({"BOOL", "BYTES", "FP16", "BF16"})
@@ -40,12 +127,12 @@ def _shape_matches(shape: Sequence[int], dims: Sequence[int]) -> bool:
 
 
 def validate_request(
-    view: ModelView, inputs: Sequence[WireTensor], outputs: Sequence[RequestedOutput]
+    view: ModelRules, inputs: Sequence[WireTensor], outputs: Sequence[RequestedOutput]
 ) -> int:
     """Check a request against ``view``'s config; return its batch size (0 when not batching).
 
     Args:
-        view: the model's config view.
+        view: the model's config (the gateway's ``ModelView``, or :class:`RequestRules`).
         inputs: the request's tensors, data in wire layout.
         outputs: the outputs the client asked for (may be empty).
 
@@ -100,7 +187,7 @@ def validate_request(
     return batch
 
 
-def _batch_size(view: ModelView, inputs: Sequence[WireTensor]) -> int:
+def _batch_size(view: ModelRules, inputs: Sequence[WireTensor]) -> int:
     if view.max_batch_size <= 0:
         return 0
     model = view.name
@@ -141,7 +228,7 @@ def _batch_size(view: ModelView, inputs: Sequence[WireTensor]) -> int:
     return batch
 
 
-def _check_tensor(view: ModelView, spec: TensorSpec, tensor: WireTensor, batch: int) -> None:
+def _check_tensor(view: ModelRules, spec: TensorSpec, tensor: WireTensor, batch: int) -> None:
     model = view.name
     if tensor.datatype != spec.datatype:
         raise invalid_arg(
