@@ -48,7 +48,17 @@ README, "Model Config Options" and "ONNX Runtime with TensorRT optimization"):
   (2026-12-01), two threads at normal priority served 0.74-0.85 of Triton's MLP c=32
   requests per second, one thread 0.80-1.07, two with the helper at ``SCHED_IDLE``
   0.87-0.94 (``bench_pairs.py`` medians 0.82 before, 0.94 after); where cores are idle,
-  as on the AMD VM above, the helper still takes them.
+  as on the AMD VM above, the helper still takes them. The price: on a machine kept
+  busy by other work at normal priority, a helper that took its share of an operator and
+  was then preempted keeps the calling thread waiting until a core frees up (MLP batch
+  16 next to two busy loops on 2 vCPUs: a call's p99 6.3 ms as with one thread, but the
+  slowest of ~2800 calls 10-126 ms against 10 ms; at normal priority the slowest took
+  6-14 ms). Not applied with ``execution_mode`` parallel: the calling thread waits for
+  whole nodes on the inter-op pool, whose threads cannot be told apart from the
+  intra-op helpers (the p99 of a single client had risen from 96 to 426 ms next to busy
+  loops, fresh-user finding).
+* ``intra_op_thread_count`` / ``inter_op_thread_count`` above :data:`MAX_THREADS` are
+  refused at load (ORT would try to start them all and the load would not end).
 """
 
 from __future__ import annotations
@@ -128,7 +138,18 @@ def _param(config: ModelConfig, key: str) -> str | None:
     return config.parameters[key].string_value.strip()
 
 
-def _int_param(config: ModelConfig, key: str) -> int | None:
+#: most intra-op or inter-op threads a config may ask for (ORT would try to start them all
+#: and the load would not end: 100000 grew each instance ~15 MB/s, fresh-user finding).
+MAX_THREADS = 1024
+
+
+def _thread_count(config: ModelConfig, key: str) -> int | None:
+    """An ``*_thread_count`` parameter: an integer from 0 (ORT's default) to
+    :data:`MAX_THREADS`, or None when absent.
+
+    Raises:
+        ValueError: another value, naming the model and the parameter.
+    """
     text = _param(config, key)
     if text is None or text == "":
         return None
@@ -140,6 +161,10 @@ def _int_param(config: ModelConfig, key: str) -> int | None:
         ) from None
     if value < 0:
         raise ValueError(f"model '{config.name}': parameter '{key}' must be >= 0, got {value}")
+    if value > MAX_THREADS:
+        raise ValueError(
+            f"model '{config.name}': parameter '{key}' must be <= {MAX_THREADS}, got {value}"
+        )
     return value
 
 
@@ -291,13 +316,24 @@ def session_settings(
         value = _param(config, key)
         if value:
             entries[key] = value
-    helper_priority = (_param(config, _PRIORITY) or "idle").lower()
-    if helper_priority not in _PRIORITIES:
+    asked_priority = (_param(config, _PRIORITY) or "").lower()
+    if asked_priority not in ("", *_PRIORITIES):
         raise ValueError(
             f"model '{config.name}': parameter '{_PRIORITY}' must be 'idle' or 'normal', got "
             f"'{_param(config, _PRIORITY)}'"
         )
-    intra_op_threads = _int_param(config, "intra_op_thread_count")
+    helper_priority = asked_priority or "idle"
+    if execution_mode == "ORT_PARALLEL":
+        # the calling thread waits for whole nodes on the inter-op pool, whose threads
+        # cannot be told apart from the intra-op helpers: none is made idle
+        if asked_priority == "idle":
+            warnings.append(
+                f"model '{config.name}': '{_PRIORITY}' 'idle' is not applied with "
+                "execution_mode parallel (the inter-op threads, which the calling thread "
+                "waits for, cannot be told apart from the intra-op helpers)"
+            )
+        helper_priority = "normal"
+    intra_op_threads = _thread_count(config, "intra_op_thread_count")
     if intra_op_threads is None and kind == "CPU":
         if cores is None:
             cores = len(os.sched_getaffinity(0))
@@ -305,7 +341,7 @@ def session_settings(
     return OrtSettings(
         providers=providers,
         intra_op_threads=intra_op_threads,
-        inter_op_threads=_int_param(config, "inter_op_thread_count"),
+        inter_op_threads=_thread_count(config, "inter_op_thread_count"),
         execution_mode=execution_mode,
         graph_level=graph_level,
         enable_mem_arena=_bool_param(config, "enable_mem_arena"),

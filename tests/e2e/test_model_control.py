@@ -284,19 +284,20 @@ def _idle_threads(pid: int) -> int:
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux scheduling policies only")
 def test_ort_helper_threads_run_at_idle_priority(explicit_server: Server) -> None:
     """ORT's intra-op helper threads (not the instance's own threads) run at SCHED_IDLE,
-    unless ``intra_op_thread_priority`` is ``normal``; answers are the same either way."""
+    unless ``intra_op_thread_priority`` is ``normal`` or the execution mode is parallel
+    (the calling thread waits for the inter-op pool); answers are the same each way."""
     client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
     try:
-        for priority, idle in (("idle", 2), ("normal", 0)):
-            config = _batch_scale_config(
-                4, intra_op_thread_count="3", intra_op_thread_priority=priority
-            )
+        cases = (({}, 2), ({"intra_op_thread_priority": "normal"}, 0),
+                 ({"execution_mode": "1", "inter_op_thread_count": "2"}, 0))  # fmt: skip
+        for extra, idle in cases:
+            config = _batch_scale_config(4, intra_op_thread_count="3", **extra)
             client.load_model("batch_scale", config=json.dumps(config))
             (record,) = [
                 r for r in instance_records(explicit_server, "batch_scale").values()
                 if r.get("state") == "READY"
             ]
-            assert _idle_threads(record["pid"]) == idle, priority
+            assert _idle_threads(record["pid"]) == idle, extra
             out = client.infer("batch_scale", _scale_input(2.0, 3)).as_numpy("OUTPUT0")
             np.testing.assert_array_equal(out, np.full((3, 4), 6.0, np.float32))
     finally:

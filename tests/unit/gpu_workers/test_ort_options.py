@@ -53,6 +53,20 @@ def test_helper_thread_priority(value: str, expected: str) -> None:
     assert session_settings(config, "CPU", 0, CPU_ONLY).helper_priority == expected
 
 
+@pytest.mark.parametrize(("value", "warned"), [("", False), ("idle", True), ("normal", False)])
+def test_no_thread_is_made_idle_in_parallel_execution_mode(value: str, warned: bool) -> None:
+    """The calling thread waits for the inter-op pool's threads, which cannot be told
+    apart from the intra-op helpers."""
+    config = _config(_params(execution_mode="1", intra_op_thread_priority=value))
+    settings = session_settings(config, "CPU", 0, CPU_ONLY)
+    assert settings.helper_priority == "normal"
+    assert settings.warnings == (
+        ["model 'm': 'intra_op_thread_priority' 'idle' is not applied with execution_mode "
+         "parallel (the inter-op threads, which the calling thread waits for, cannot be "
+         "told apart from the intra-op helpers)"] if warned else []
+    )
+
+
 @pytest.mark.parametrize(
     ("groups", "cores", "threads"),
     [
@@ -114,6 +128,10 @@ def test_thread_counts_and_execution_mode(
          "model 'm': parameter 'enable_mem_arena' must be 0/1 or true/false, got 'maybe'"),
         ({"intra_op_thread_priority": "high"},
          "model 'm': parameter 'intra_op_thread_priority' must be 'idle' or 'normal', got 'high'"),
+        ({"intra_op_thread_count": "100000"},
+         "model 'm': parameter 'intra_op_thread_count' must be <= 1024, got 100000"),
+        ({"inter_op_thread_count": "1025"},
+         "model 'm': parameter 'inter_op_thread_count' must be <= 1024, got 1025"),
     ],
 )
 def test_invalid_parameters_fail_the_load(params: dict[str, str], message: str) -> None:
