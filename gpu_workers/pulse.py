@@ -110,7 +110,13 @@ class Pulse:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Set the instance's heartbeat every ``--interval`` s while the instance lives."""
+    """Set the instance's heartbeat every ``--interval`` s while the instance lives.
+
+    Ctrl-C (SIGINT to the terminal's process group) is ignored: the pulse stops with its
+    instance (SIGTERM from it, or with its death), and a pulse ended by Ctrl-C was taken
+    by the instance's heartbeat thread for one that died and started again, with a
+    warning, at every Ctrl-C (fresh-user finding)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     parser = argparse.ArgumentParser(prog="python -m gpu_workers.pulse", description=__doc__)
     parser.add_argument("--key", required=True, help="the version's instances hash")
     parser.add_argument("--instance", required=True, help="the instance's field in it")

@@ -267,11 +267,13 @@ def start_server(
     timeout_s: float = 90.0,
     metrics_port: int | None = None,
     key_prefix: str | None = None,
+    new_session: bool = False,
 ) -> Server:
     """Start ``sluice serve`` on free ports and wait (bounded) until it is ready.
 
     ``metrics_port`` None picks a free port for the metrics endpoint too; ``key_prefix``
-    None gives the server a prefix of its own.
+    None gives the server a prefix of its own; ``new_session``: in a process group of its
+    own (whose id is its pid), as a terminal starts it, so a test can Ctrl-C the group.
     """
     port = free_port()
     grpc_port = free_port()
@@ -315,6 +317,7 @@ def start_server(
         stderr=subprocess.STDOUT,
         env=full_env,
         cwd=ROOT,
+        start_new_session=new_session,
     )
     server = Server(
         process, port, prefix, redis_url, log_path, grpc_port, metrics_port,

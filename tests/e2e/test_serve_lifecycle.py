@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import socket
 import stat
 import time
@@ -83,6 +85,32 @@ def test_ctrl_c_stops_every_process(model_repository, redis_url, tmp_path) -> No
     while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not [pid for pid in children if _alive(pid)], server.log()
+
+
+def test_ctrl_c_to_the_process_group_stops_everything_without_restarts(
+    model_repository, redis_url, tmp_path
+) -> None:
+    """Ctrl-C in a terminal signals the whole process group, the instances' heartbeat
+    processes included: they stop with their instances and are not started again (each
+    Ctrl-C had logged 'heartbeat process exited (-2); starting it again')."""
+    server = start_server(
+        _small_repo(model_repository, tmp_path, False),
+        redis_url,
+        tmp_path / "serve.log",
+        new_session=True,
+    )
+    time.sleep(1.5)  # the heartbeat processes start beside READY
+    descendants = children_of(server.process.pid)
+    for pid in list(descendants):
+        descendants += children_of(pid)
+    os.killpg(server.process.pid, signal.SIGINT)
+    assert server.process.wait(30) == 0, server.log()
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in descendants) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in descendants if _alive(pid)], server.log()
+    assert "heartbeat process exited" not in server.log()
+    stop_server(server)  # the key prefix's clean-up
 
 
 def test_broken_models_reported_while_others_serve(model_repository, redis_url, tmp_path) -> None:
