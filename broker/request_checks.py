@@ -11,7 +11,7 @@ config at once, so each request runs under the config it was checked against).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -105,6 +105,11 @@ class RequestRules:
 _UNCLASSIFIABLE = frozenset({"BOOL", "BYTES", "FP16", "BF16"})
 
 
+def _names_text(names: Iterable[str]) -> str:
+    """Tensor names as Triton lists them: ``['A','B']``."""
+    return "[" + ",".join(f"'{name}'" for name in names) + "]"
+
+
 def _dims_text(dims: Sequence[int]) -> str:
     return "[" + ",".join(str(d) for d in dims) + "]"
 
@@ -177,7 +182,10 @@ def validate_request(
                 f"but got {len(inputs)} inputs"
             )
         raise invalid_arg(
-            f"{expected} for model '{model}'; missing: {', '.join(repr(n) for n in missing)}",
+            # Triton core InferenceRequest::ValidateRequestInputs, word for word
+            f"{expected} for model '{model}'. Got input(s) {_names_text(t.name for t in inputs)}, "
+            f"but missing required input(s) {_names_text(missing)}. Please provide all "
+            "required input(s).",
             model=model,
             tensor=missing[0],
         )
@@ -250,11 +258,26 @@ def _check_tensor(view: ModelRules, spec: TensorSpec, tensor: WireTensor, batch:
     count = element_count(tensor.shape)
     if spec.datatype == "BYTES":
         try:
-            deserialize_bytes(tensor.data, count)
+            elements = len(deserialize_bytes(tensor.data))
         except ValueError as exc:
             raise invalid_arg(
                 f"input '{tensor.name}' for model '{model}': {exc}", model=model, tensor=tensor.name
             ) from None
+        # Triton core InferenceRequest::ValidateBytesInputs' texts (L0_input_validation)
+        if elements < count:
+            raise invalid_arg(
+                f"expected {count} string elements for inference input '{tensor.name}' for "
+                f"model '{model}', got {elements}",
+                model=model,
+                tensor=tensor.name,
+            )
+        if elements > count:
+            raise invalid_arg(
+                f"unexpected number of string elements {count + 1} for inference input "
+                f"'{tensor.name}' for model '{model}', expecting {count}",
+                model=model,
+                tensor=tensor.name,
+            )
         return
     expected_bytes = count * ELEMENT_SIZES[spec.datatype]
     if len(tensor.data) != expected_bytes:

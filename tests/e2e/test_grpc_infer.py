@@ -405,7 +405,10 @@ def test_error_missing_input(grpc_client) -> None:
     a = np.ones((1, 16), np.float32)
     err = _error(grpc_client, "add_sub", _add_sub_inputs(a, a)[:1])
     assert err.status() == "StatusCode.INVALID_ARGUMENT"
-    assert "expected 2 inputs but got 1 inputs for model 'add_sub'" in err.message()
+    assert err.message() == (  # Triton L0_input_validation's text
+        "expected 2 inputs but got 1 inputs for model 'add_sub'. Got input(s) ['INPUT0'], "
+        "but missing required input(s) ['INPUT1']. Please provide all required input(s)."
+    )
 
 
 def test_error_wrong_datatype(grpc_client) -> None:
