@@ -13,6 +13,7 @@ INVALID_ARG (400), keeping Triton's message text (PROTOCOL.md 1.14, 2.1).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -320,7 +321,24 @@ def _loads_json(text: memoryview, model: str) -> object:
         except (ValueError, RecursionError) as exc:
             found = _RAPIDJSON_ERROR.fullmatch(str(exc))
             reason = f"{found[2]} at {found[1]}" if found else str(exc)
+    else:
+        reason = _trailing_bytes(raw) or reason
     raise invalid_arg(f"failed to parse the request JSON buffer: {reason}", model=model)
+
+
+def _trailing_bytes(raw: bytes) -> str | None:
+    """rapidjson's reason for a whole JSON document followed by other bytes (an
+    ``Inference-Header-Content-Length`` past the JSON, into the binary data), at the byte
+    offset of the first of them; None when ``raw`` does not start with one."""
+    text = raw.decode("utf-8", "surrogateescape")
+    try:
+        _, end = json.JSONDecoder().raw_decode(text)
+    except ValueError:
+        return None
+    rest = text[end:]
+    end += len(rest) - len(rest.lstrip(" \t\n\r"))
+    offset = len(text[:end].encode("utf-8", "surrogateescape"))
+    return f"The document root must not be followed by other values. at {offset}"
 
 
 def _parse_request_parameters(raw: object, model: str) -> tuple[dict[str, ParameterValue], bool]:

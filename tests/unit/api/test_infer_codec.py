@@ -372,6 +372,14 @@ ERRORS: list[tuple[str, Any, int | None, ErrorCode, str]] = [
         "failed to parse the request JSON buffer: Invalid value. at 12",
     ),
     (
+        "header-length-into-the-binary-data",  # 14 bytes of JSON, then two NUL bytes
+        b'{"inputs": []}\0\0',
+        16,
+        ErrorCode.INVALID_ARG,
+        "failed to parse the request JSON buffer: The document root must not be followed by "
+        "other values. at 14",
+    ),
+    (
         "empty-body",
         b"",
         None,
