@@ -148,10 +148,11 @@ def _thread_count(config: ModelConfig, key: str) -> int | None:
     :data:`MAX_THREADS`, or None when absent.
 
     Raises:
-        ValueError: another value, naming the model and the parameter.
+        ValueError: another value, the empty string included (Triton's backends parse the
+            value with ``std::stoi``, which refuses it), naming the model and the parameter.
     """
     text = _param(config, key)
-    if text is None or text == "":
+    if text is None:
         return None
     try:
         value = int(text)
@@ -169,8 +170,14 @@ def _thread_count(config: ModelConfig, key: str) -> int | None:
 
 
 def _bool_param(config: ModelConfig, key: str) -> bool | None:
+    """A flag parameter: 0/1, true/false, yes/no, on/off (any case), or None when absent.
+
+    Raises:
+        ValueError: another value, the empty string included, naming the model and the
+            parameter.
+    """
     text = _param(config, key)
-    if text is None or text == "":
+    if text is None:
         return None
     lowered = text.lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -294,7 +301,7 @@ def session_settings(
     providers = _providers(config, kind, device_id, available, warnings)
     mode_text = _param(config, "execution_mode")
     execution_mode = None
-    if mode_text:
+    if mode_text is not None:
         execution_mode = _EXECUTION_MODES.get(mode_text.lower())
         if execution_mode is None:
             raise ValueError(
@@ -316,8 +323,9 @@ def session_settings(
         value = _param(config, key)
         if value:
             entries[key] = value
-    asked_priority = (_param(config, _PRIORITY) or "").lower()
-    if asked_priority not in ("", *_PRIORITIES):
+    asked = _param(config, _PRIORITY)
+    asked_priority = "" if asked is None else asked.lower()
+    if asked is not None and asked_priority not in _PRIORITIES:
         raise ValueError(
             f"model '{config.name}': parameter '{_PRIORITY}' must be 'idle' or 'normal', got "
             f"'{_param(config, _PRIORITY)}'"

@@ -47,17 +47,18 @@ def test_defaults_cpu_and_no_spinning() -> None:
 
 
 @pytest.mark.parametrize(("value", "expected"), [("normal", "normal"), ("IDLE", "idle"),
-                                                 ("idle", "idle"), ("", "idle")])
+                                                 ("idle", "idle")])
 def test_helper_thread_priority(value: str, expected: str) -> None:
     config = _config(_params(intra_op_thread_priority=value))
     assert session_settings(config, "CPU", 0, CPU_ONLY).helper_priority == expected
 
 
-@pytest.mark.parametrize(("value", "warned"), [("", False), ("idle", True), ("normal", False)])
-def test_no_thread_is_made_idle_in_parallel_execution_mode(value: str, warned: bool) -> None:
+@pytest.mark.parametrize(("value", "warned"), [(None, False), ("idle", True), ("normal", False)])
+def test_no_thread_is_made_idle_in_parallel_execution_mode(value: str | None, warned: bool) -> None:
     """The calling thread waits for the inter-op pool's threads, which cannot be told
     apart from the intra-op helpers."""
-    config = _config(_params(execution_mode="1", intra_op_thread_priority=value))
+    priority = {} if value is None else {"intra_op_thread_priority": value}
+    config = _config(_params(execution_mode="1", **priority))
     settings = session_settings(config, "CPU", 0, CPU_ONLY)
     assert settings.helper_priority == "normal"
     assert settings.warnings == (
@@ -132,6 +133,15 @@ def test_thread_counts_and_execution_mode(
          "model 'm': parameter 'intra_op_thread_count' must be <= 1024, got 100000"),
         ({"inter_op_thread_count": "1025"},
          "model 'm': parameter 'inter_op_thread_count' must be <= 1024, got 1025"),
+        # empty values are refused, as Triton's std::stoi-based parsing refuses them
+        ({"intra_op_thread_count": ""},
+         "model 'm': parameter 'intra_op_thread_count' must be an integer, got ''"),
+        ({"execution_mode": ""},
+         "model 'm': parameter 'execution_mode' must be 0 (sequential) or 1 (parallel), got ''"),
+        ({"enable_mem_pattern": ""},
+         "model 'm': parameter 'enable_mem_pattern' must be 0/1 or true/false, got ''"),
+        ({"intra_op_thread_priority": ""},
+         "model 'm': parameter 'intra_op_thread_priority' must be 'idle' or 'normal', got ''"),
     ],
 )
 def test_invalid_parameters_fail_the_load(params: dict[str, str], message: str) -> None:
