@@ -110,6 +110,10 @@ def serve(args: argparse.Namespace) -> int:
         file=args.log_file,
     )
     configure_logging("serve", log_options)
+    # a Ctrl-C while Redis and the deployment are being set up stops quietly once they are
+    early_stop = _StopRequest()
+    signal.signal(signal.SIGINT, early_stop)
+    signal.signal(signal.SIGTERM, early_stop)
     if args.load_model and args.model_control_mode != "explicit":
         logger.error("--load-model needs --model-control-mode=explicit")
         return 2
@@ -160,13 +164,19 @@ def serve(args: argparse.Namespace) -> int:
         return 1
     signal.signal(signal.SIGINT, supervisor.request_stop)
     signal.signal(signal.SIGTERM, supervisor.request_stop)
+    if early_stop.signum:
+        supervisor.request_stop()
     code = 0
     try:
-        supervisor.start_gateways()
-        failures = supervisor.load_startup_models()
-        for line in failures:
-            logger.error("%s", line)
-        if failures and options.exit_on_error:
+        failures: list[str] = []
+        if not supervisor.stop_requested:
+            supervisor.start_gateways()
+            failures = supervisor.load_startup_models()
+        for line in [] if supervisor.stop_requested else failures:
+            logger.error("%s", line)  # loads that the exit cut short are not failures
+        if supervisor.stop_requested:
+            logger.info("stopped while starting; exiting")
+        elif failures and options.exit_on_error:
             logger.error(
                 "exiting: %d model(s) failed to load (--exit-on-error=true)", len(failures)
             )
@@ -187,6 +197,18 @@ def serve(args: argparse.Namespace) -> int:
         supervisor.shutdown()
         _stop_private_redis(supervisor.private_redis)  # started again if it died
     return code
+
+
+class _StopRequest:
+    """SIGINT/SIGTERM handler of ``sluice serve`` until its supervisor takes over: the
+    signal is kept (:attr:`signum`) and acted on once setting up is done, rather than
+    raised as a ``KeyboardInterrupt`` in the middle of it."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+
+    def __call__(self, signum: int, _frame: object) -> None:
+        self.signum = signum
 
 
 def _stop_private_redis(process: object | None) -> None:

@@ -103,12 +103,17 @@ def _die_with_parent(prctl: Callable[..., int]) -> Callable[[], None]:
 
 
 def _spawn(command: Sequence[str]) -> subprocess.Popen[bytes]:
+    """Start a redis-server that dies with its parent, in a session of its own: a
+    terminal's Ctrl-C reaches the whole foreground process group, and redis-server shuts
+    down on SIGINT, which would take the queues away while the instances still drain
+    them; the parent stops it last (:func:`stop_private_redis`)."""
     prctl = _prctl() if sys.platform == "linux" else None
     return subprocess.Popen(
         command,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         preexec_fn=_die_with_parent(prctl) if prctl is not None else None,
+        start_new_session=True,
     )
 
 

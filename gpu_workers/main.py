@@ -31,7 +31,7 @@ from broker.request_checks import RequestRules
 from broker.scheduling import ShapeKeys, StreamLayout, scheduling_policy
 from broker.settings import RedisSettings
 from broker.stats_store import fold_stats_shards, open_stats_shard
-from gpu_workers.backends.base import InstanceContext
+from gpu_workers.backends.base import InstanceContext, ModelCodeError
 from gpu_workers.backends.registry import backend_class
 from gpu_workers.classification import read_labels
 from gpu_workers.liveness import Liveness
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         backend.initialize(ctx)
         run_warmup(backend, ctx)  # model_warmup runs before the instance is READY
     except Exception as exc:
-        logger.exception("instance %s of model '%s' failed to load", args.instance, args.model)
+        log_load_failure(args.instance, args.model, exc)
         report("UNAVAILABLE", str(exc) or type(exc).__name__)
         return 1
 
@@ -205,6 +205,25 @@ def main(argv: list[str] | None = None) -> int:
 
 #: how often a READY instance looks for its load's publication, in s.
 PUBLICATION_POLL_S = 0.02
+
+
+def log_load_failure(instance: str, model: str, exc: BaseException) -> None:
+    """Log why an instance failed to load: one error line naming the instance, the model
+    and the reason, as Triton logs ``failed to load '<model>'``.
+
+    The traceback comes with it for an exception of the model's own code
+    (:class:`ModelCodeError`: a Python model's ``initialize``), and at ``--log-verbose`` 1
+    (DEBUG) for the rest: a parameter out of range or a tensor the model file lacks is
+    said in full by its message.
+    """
+    reason = str(exc) or type(exc).__name__
+    if not isinstance(exc, (ValueError, RuntimeError, OSError, ImportError)):
+        reason = f"{type(exc).__name__}: {reason}"  # e.g. a library's own exception type
+    traceback = isinstance(exc, ModelCodeError) or logger.isEnabledFor(logging.DEBUG)
+    logger.error(
+        "instance %s of model '%s' failed to load: %s", instance, model, reason,
+        exc_info=exc if traceback else None,
+    )  # fmt: skip
 
 
 def _await_publication(store: ModelStore, args: argparse.Namespace, stopping: Event) -> bool:

@@ -23,6 +23,20 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the child before ex
         pass
 
 
+def start_child() -> None:  # pragma: no cover - runs in the child before exec
+    """What every child of the supervisor does before exec: :func:`die_with_parent`, and
+    start with SIGINT ignored.
+
+    A terminal's Ctrl-C reaches the whole process group, and the supervisor stops its
+    children itself (SIGTERM, in order: gateways, then instances). A child still
+    importing or loading its model would otherwise die of a ``KeyboardInterrupt`` with a
+    traceback of its own. The gateway and the worker install their own SIGINT handlers
+    once they serve (``sluice gateway`` / ``sluice worker`` run by hand are unaffected).
+    """
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def generation_suffix(generation: int) -> str:
     """What a reload's instance names end with (``_g2``, ``_g3``, ...; nothing for the
     first load): old and new instances of a model run side by side during a reload and
@@ -99,8 +113,8 @@ class Spawner:
         self.log_verbose = log_verbose
 
     def spawn(self, argv: Sequence[str]) -> subprocess.Popen[bytes]:
-        """``python <argv>`` as a child that dies with the supervisor."""
-        return subprocess.Popen([sys.executable, *argv], env=self._env, preexec_fn=die_with_parent)
+        """``python <argv>`` as a child that dies with the supervisor (:func:`start_child`)."""
+        return subprocess.Popen([sys.executable, *argv], env=self._env, preexec_fn=start_child)
 
     def start_instance(self, instance: Instance) -> None:
         """Start (or restart) the worker process of ``instance``."""

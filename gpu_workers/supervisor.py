@@ -353,6 +353,12 @@ class Supervisor:
                 error = ErrorInfo("INTERNAL", f"failed to {command.op} '{command.model}': {exc}")
             answer(self.client, stream, entry_id, command, error)
 
+    @property
+    def stop_requested(self) -> bool:
+        """Whether a signal (:meth:`request_stop`) or :meth:`shutdown` asked this
+        supervisor to stop."""
+        return self._stopping
+
     def request_stop(self, *_: object) -> None:
         """Signal handler: leave :meth:`watch` and shut down."""
         self._stopping = True

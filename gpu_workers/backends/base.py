@@ -22,6 +22,17 @@ class BackendInputError(ValueError):
     """A request's input that this framework cannot take; fails the execution with INVALID_ARG."""
 
 
+class ModelCodeError(RuntimeError):
+    """An exception that the model's own code raised (a Python model's ``initialize``).
+
+    The message names the original exception's type (``KeyError: 'weights'``), as
+    python_backend's load error does; the original is chained (``__cause__``). A failed
+    load logs its traceback, the user's code being where the fault is; other load
+    failures are one line (Triton's ``failed to load``), the traceback at
+    ``--log-verbose`` 1.
+    """
+
+
 @dataclass(frozen=True, slots=True)
 class InstanceContext:
     """Where and what one model instance is.

@@ -30,7 +30,13 @@ from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
 
 import triton_python_backend_utils as pb_utils
 from broker.datatypes import NUMPY_DTYPES, numpy_to_protocol
-from gpu_workers.backends.base import InferError, InferRequest, InferResponse, InstanceContext
+from gpu_workers.backends.base import (
+    InferError,
+    InferRequest,
+    InferResponse,
+    InstanceContext,
+    ModelCodeError,
+)
 from repository.render import config_to_json
 
 __all__ = ["PythonBackend", "from_pb_response", "to_pb_request"]
@@ -356,7 +362,7 @@ class PythonBackend:
             try:
                 init(self.initialize_args(ctx))
             except Exception as exc:
-                raise RuntimeError(f"{type(exc).__name__}: {exc}") from exc
+                raise ModelCodeError(f"{type(exc).__name__}: {exc}") from exc
         self._model = model
         logger.info(
             "Python model '%s' instance '%s' loaded from %s",

@@ -7,7 +7,10 @@ import shutil
 import signal
 import socket
 import stat
+import subprocess
+import sys
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +28,7 @@ from e2e_support import (
 )
 from tritonclient.utils import InferenceServerException
 
-from broker.redis_server import start_private_redis
+from broker.redis_server import delete_prefix, free_port, start_private_redis
 
 pytestmark = pytest.mark.e2e
 
@@ -113,6 +116,96 @@ def test_ctrl_c_to_the_process_group_stops_everything_without_restarts(
     stop_server(server)  # the key prefix's clean-up
 
 
+_SLOW_INIT_MODEL = """
+import pathlib
+import time
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        pathlib.Path(__file__).with_name("initializing").touch()
+        time.sleep(20)
+
+    def execute(self, requests):
+        return []
+"""
+
+
+def _slow_loading_repo(model_repository: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """add_sub and a Python model whose ``initialize`` takes 20 s; the file it touches
+    when that begins."""
+    repo = _small_repo(model_repository, tmp_path, False)
+    (repo / "slow_init/1").mkdir(parents=True)
+    (repo / "slow_init/1/model.py").write_text(_SLOW_INIT_MODEL)
+    (repo / "slow_init/config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        "instance_group [ { kind: KIND_CPU count: 2 } ]\n"
+    )
+    return repo, repo / "slow_init/1/initializing"
+
+
+def test_ctrl_c_while_models_load_exits_quietly(model_repository, redis_url, tmp_path) -> None:
+    """A Ctrl-C to the process group while the instances still load (the gateway up, a
+    model in its ``initialize``) stops everything with exit 0 and no traceback. Each child
+    had died of its own ``KeyboardInterrupt`` (a traceback per process), and the cut-short
+    loads were reported as failures ('load failed ... server exiting', exit 1)."""
+    repo, initializing = _slow_loading_repo(model_repository, tmp_path)
+    server = start_server(
+        repo, redis_url, tmp_path / "serve.log", new_session=True, wait_ready=False
+    )
+    deadline = time.monotonic() + 60
+    while not initializing.exists() and time.monotonic() < deadline:
+        assert server.process.poll() is None, server.log()
+        time.sleep(0.05)
+    assert initializing.exists(), server.log()
+    descendants = children_of(server.process.pid)
+    for pid in list(descendants):
+        descendants += children_of(pid)
+    os.killpg(server.process.pid, signal.SIGINT)
+    assert server.process.wait(30) == 0, server.log()
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in descendants) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in descendants if _alive(pid)], server.log()
+    log = server.log()
+    for text in ("Traceback", "KeyboardInterrupt", "failed to load", "load failed"):
+        assert text not in log, log
+    assert "stopped while starting; exiting" in log, log
+    stop_server(server)  # the key prefix's clean-up
+
+
+@pytest.mark.parametrize("delay_s", [0.1, 0.4, 0.8])
+def test_ctrl_c_while_the_command_starts_exits_without_a_traceback(
+    model_repository, redis_url, tmp_path, delay_s
+) -> None:
+    """``sluice`` (the console script) Ctrl-C'd within its first second, while it imports
+    or sets Redis up: no traceback, exit 130 (stopped before its handler was set) or 0."""
+    script = Path(sys.executable).with_name("sluice")
+    if not script.exists():
+        pytest.skip(f"no console script beside {sys.executable}")
+    repo = _small_repo(model_repository, tmp_path, False)
+    log_path = tmp_path / "serve.log"
+    prefix = f"sluice-e2e-{uuid.uuid4().hex[:8]}:"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [str(script), "serve", "--model-repository", str(repo), "--redis-url", redis_url,
+             "--key-prefix", prefix, "--http-port", str(free_port()),
+             "--grpc-port", str(free_port()), "--metrics-port", str(free_port()),
+             "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        time.sleep(delay_s)
+        os.killpg(process.pid, signal.SIGINT)
+        code = process.wait(30)
+    delete_prefix(redis_url, prefix)
+    text = log_path.read_text()
+    assert code in (0, 130), (code, text)
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
+    assert "failed to load" not in text, text
+
+
 def test_broken_models_reported_while_others_serve(model_repository, redis_url, tmp_path) -> None:
     server = start_server(
         _small_repo(model_repository, tmp_path, True),
@@ -159,6 +252,13 @@ def test_broken_models_reported_while_others_serve(model_repository, redis_url, 
         ), states["fixedbatch"]
         assert states["badconfig"]["state"] == "UNAVAILABLE"
         assert "bogus" in states["badconfig"]["reason"]
+        # each refusal is one line of the log, as Triton's 'failed to load', no traceback
+        log = server.log()
+        assert "Traceback" not in log, log
+        assert (
+            "instance mismatch_0_0 of model 'mismatch' failed to load: unable to load model"
+            in log
+        ), log
         assert client.is_server_live()
         assert not client.is_server_ready()
         raw = requests.get(f"{server.base}/v2/health/ready", timeout=5)

@@ -66,6 +66,36 @@ def test_it_exits_when_the_process_that_started_it_is_killed() -> None:
         time.sleep(0.05)
 
 
+def test_a_ctrl_c_to_the_terminals_process_group_does_not_reach_it() -> None:
+    """Ctrl-C signals the whole foreground group; redis-server shuts down on SIGINT, and
+    the instances that drain the queues at an exit still need it."""
+    code = (
+        "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+        "from broker.redis_server import start_private_redis; "
+        "p, u = start_private_redis(); print(p.pid, u, flush=True); time.sleep(60)"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    assert parent.stdout is not None
+    pid_text, url = parent.stdout.readline().split()
+    try:
+        os.killpg(parent.pid, signal.SIGINT)
+        time.sleep(0.5)
+        assert _running(int(pid_text))
+        client = redis.Redis.from_url(url, socket_timeout=5)
+        assert client.ping() is True
+        client.close()
+    finally:
+        parent.kill()
+        parent.wait(10)
+    deadline = time.monotonic() + 5
+    while _running(int(pid_text)):
+        assert time.monotonic() < deadline, "redis-server outlived the process that started it"
+        time.sleep(0.05)
+
+
 def _running(pid: int) -> bool:
     """Alive and not a zombie (an exited child of init is reaped at once)."""
     try:
