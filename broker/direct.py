@@ -47,6 +47,27 @@ class DirectConnection:
         self._conn = client.connection_pool.make_connection()
         self._sock: socket.socket | None = None
         self._reader: hiredis.Reader = reply_parser()
+        #: replies of commands sent by :meth:`send` and not read yet.
+        self._owed = 0
+
+    def send(self, commands: Sequence[Command]) -> None:
+        """Send ``commands`` in one write without waiting for their replies: the next
+        :meth:`pipeline` reads them first (and raises the first error reply among them).
+
+        Raises:
+            redis.exceptions.ConnectionError, redis.exceptions.TimeoutError: as
+                :meth:`pipeline`; the commands may have run.
+        """
+        sock = self._sock or self._open()
+        try:
+            sock.sendall(pack_pipeline(commands))
+        except TimeoutError as exc:  # socket.timeout
+            self.close()
+            raise redis.exceptions.TimeoutError(f"Redis did not take a write: {exc}") from exc
+        except OSError as exc:
+            self.close()
+            raise redis.exceptions.ConnectionError(f"Redis connection lost: {exc}") from exc
+        self._owed += len(commands)
 
     def pipeline(self, commands: Sequence[Command]) -> list[Any]:
         """Send ``commands`` in one write and read their replies in order.
@@ -67,7 +88,8 @@ class DirectConnection:
         try:
             sock.sendall(pack_pipeline(commands))
             replies: list[Any] = []
-            wanted = len(commands)
+            owed = self._owed
+            wanted = owed + len(commands)
             while len(replies) < wanted:
                 reply = reader.gets()
                 if reply is False:
@@ -89,11 +111,15 @@ class DirectConnection:
         except redis.exceptions.ConnectionError:
             self.close()
             raise
+        self._owed = 0
         for reply in replies:
             if isinstance(reply, redis.exceptions.ConnectionError):
                 self.close()
                 raise reply
-        return replies
+        for reply in replies[:owed]:
+            if isinstance(reply, redis.exceptions.ResponseError):
+                raise reply
+        return replies[owed:] if owed else replies
 
     def _open(self) -> socket.socket:
         """Connect through redis-py (handshake included) and take its socket.
@@ -117,4 +143,5 @@ class DirectConnection:
     def close(self) -> None:
         """Close the connection (idempotent); the next pipeline opens a new one."""
         self._sock = None
+        self._owed = 0
         self._conn.disconnect()

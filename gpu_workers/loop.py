@@ -570,6 +570,10 @@ class InstanceLoop:
             failures.append((item, "REJECTED"))
         if late:
             successes = [(i, h) for i, h in successes if h.delivery.message.deadline_ns > done]
+        # the answers leave now; the acknowledgements and statistics with the next read
+        self._consumer.send_replies(
+            [(h.delivery.message.reply_to, a) for h, a in zip(held, answers, strict=True)]
+        )
         times = ExecutionTimes(input_done - start, infer_done - input_done, done - infer_done)
         executed_size = sum(h.batch_size if h.batch_size > 1 else 1 for h in held)
         for index in decode_errors:
@@ -617,7 +621,7 @@ class InstanceLoop:
             delta.failure(request_ns=done - item.delivery.message.enqueued_ns, reason=reason)
 
         self._consumer.finish(
-            [(h.delivery.message.reply_to, a) for h, a in zip(held, answers, strict=True)],
+            [],
             [h.delivery for h in held],
             self._stats,
             delta,

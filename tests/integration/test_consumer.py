@@ -147,7 +147,18 @@ def test_reconnects_after_kill(client: redis.Redis, key_prefix: str, redis_url: 
         consumer.close()
 
 
+def _wait_length(client: redis.Redis, key: str, length: int, timeout_s: float = 2.0) -> int:
+    """The list's length once it is ``length`` (another connection's write is served in
+    Redis's own order), or what it is at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while (found := client.llen(key)) != length and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return found
+
+
 def test_deferred_finish_travels_with_the_next_read(client: redis.Redis, key_prefix: str) -> None:
+    """The answers leave at once, without waiting for Redis's reply; the acknowledgements
+    and statistics wait for the next read (one write and one round trip per batch)."""
     stream, stats = f"{key_prefix}{{m}}:q:1", _shard(key_prefix)
     reply = f"{key_prefix}reply:a"
     consumer = StreamConsumer(client, [stream], "instance-0")
@@ -160,16 +171,49 @@ def test_deferred_finish_travels_with_the_next_read(client: redis.Redis, key_pre
         consumer.finish(
             [(reply, InferResponseMessage("r1", "m", 1))], first, stats, delta, defer=True
         )
-        assert client.llen(reply) == 0  # held back
+        assert _wait_length(client, reply, 1) == 1  # the answer is out
+        assert client.xpending(stream, WORKER_GROUP)["pending"] == 1  # not acknowledged yet
+        assert not client.exists(stats.key)  # nor counted
         client.xadd(stream, {PAYLOAD_FIELD: encode_request(_request(2, reply))})
         second = consumer.read(count=1, block_ms=100)
         assert [d.message.request_id for d in second] == ["r2"]
         assert [decode_response(p).request_id for p in client.lrange(reply, 0, -1)] == ["r1"]
         assert client.xpending(stream, WORKER_GROUP)["pending"] == 1  # only r2 now
+        assert decode_stats(client.hgetall(stats.key)).get("fail_reason:OTHER") == 1
         consumer.finish([(reply, InferResponseMessage("r2", "m", 1))], second, defer=True)
         consumer.flush()
         assert client.llen(reply) == 2
         assert client.xlen(stream) == 0
+    finally:
+        consumer.close()
+
+
+def test_answers_sent_ahead_are_sent_again_after_a_lost_connection(
+    client: redis.Redis, key_prefix: str, redis_url: str
+) -> None:
+    """An answer written without waiting for Redis's reply is kept until a round trip
+    succeeds: a connection lost in between sends it again with the acknowledgements (a
+    duplicate, which the gateway drops, rather than an answer that may be lost)."""
+    stream = f"{key_prefix}{{m}}:q:1"
+    reply = f"{key_prefix}reply:a"
+    consumer = StreamConsumer(client, [stream], "instance-0")
+    try:
+        consumer.ensure_groups()
+        client.xadd(stream, {PAYLOAD_FIELD: encode_request(_request(1, reply))})
+        first = consumer.read(count=1, block_ms=100)
+        consumer.finish([(reply, InferResponseMessage("r1", "m", 1))], first, defer=True)
+        assert _wait_length(client, reply, 1) == 1
+        admin = redis.Redis.from_url(redis_url, protocol=2, socket_timeout=5)
+        for c in admin.client_list():
+            if c.get("name") == "consumer-under-test":
+                admin.client_kill_filter(_id=c["id"])
+        admin.close()
+        with pytest.raises(redis.exceptions.ConnectionError):
+            consumer.read(count=1, block_ms=100)
+        assert consumer.read(count=1, block_ms=None) == []  # a new connection: resent
+        answers = [decode_response(p).request_id for p in client.lrange(reply, 0, -1)]
+        assert answers == ["r1", "r1"]
+        assert client.xlen(stream) == 0 and client.xpending(stream, WORKER_GROUP)["pending"] == 0
     finally:
         consumer.close()
 

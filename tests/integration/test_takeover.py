@@ -110,6 +110,14 @@ def test_direct_connection_pipelines_reopens_and_bounds_its_waits(unix_redis: Pa
         with pytest.raises(redis.exceptions.TimeoutError):
             direct.pipeline([("BLPOP", "empty", 2)])
         assert direct.pipeline([("GET", "k")]) == [b"v"]
+
+        # sent ahead: the next pipeline reads those replies first and returns its own
+        direct.send([("RPUSH", "ahead", "a"), ("RPUSH", "ahead", "b")])
+        assert direct.pipeline([("LRANGE", "ahead", 0, -1)]) == [[b"a", b"b"]]
+        direct.send([("HSET", "k", "f", 1)])  # an error reply among them is raised
+        with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
+            direct.pipeline([("GET", "k")])
+        assert direct.pipeline([("GET", "k")]) == [b"v"]  # nothing left owed
     finally:
         direct.close()
         client.close()
