@@ -50,6 +50,7 @@ class ResponseCache:
 
     def __init__(self, connection: MultiplexedConnection, keys: KeySchema, size_bytes: int) -> None:
         self._connection = connection
+        connection.keep_loaded(CACHE_LOOKUP, CACHE_INSERT)  # an insert never waits on NOSCRIPT
         self._keys = keys
         self.size_bytes = size_bytes
         self._lru = keys.cache_lru()

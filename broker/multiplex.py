@@ -62,6 +62,8 @@ class MultiplexedConnection:
         self._outbox_since_ns = 0
         self._flush_scheduled = False
         self._watchdog: asyncio.Task[None] | None = None
+        #: scripts loaded first on every connection (:meth:`keep_loaded`), by SHA1
+        self._scripts: dict[str, Script] = {}
 
     async def start(self) -> None:
         """Start the watchdog (idempotent); the first command connects."""
@@ -120,6 +122,21 @@ class MultiplexedConnection:
         """
         return list(await asyncio.gather(*(self.call(*command) for command in commands)))
 
+    def keep_loaded(self, *scripts: Script) -> None:
+        """Have Redis know ``scripts`` before any other command of each connection: a
+        ``SCRIPT LOAD`` each, first on every new connection (a Redis restarted without
+        its data forgot them, and a reconnect follows) and now on an open one.
+
+        Otherwise the first ``EVALSHA`` after a restart gets ``NOSCRIPT`` and is sent
+        again after a ``SCRIPT LOAD`` (:meth:`script`): two round trips, during which a
+        later command can overtake it (a response cache insert answered after the next
+        identical request's lookup: a miss).
+        """
+        for script in scripts:
+            self._scripts[script.sha] = script
+            if self._link is not None:
+                _ignore(self.call("SCRIPT", "LOAD", script.body))
+
     async def script(self, script: Script, keys: list[str], args: list[object]) -> Any:
         """Run ``script`` with ``EVALSHA``, loading it first if Redis does not know it.
 
@@ -168,6 +185,14 @@ class MultiplexedConnection:
         link.on_lost = self._lost
         self._link = link
         self._connecting = None
+        if self._scripts:
+            loop = asyncio.get_running_loop()
+            loads: _Batch = []
+            for script in self._scripts.values():
+                future: asyncio.Future[Any] = loop.create_future()
+                _ignore(future)
+                loads.append((("SCRIPT", "LOAD", script.body), future))
+            self._outbox[:0] = loads
         self._send()
 
     # -- failures ----------------------------------------------------------------------------
@@ -193,6 +218,12 @@ class MultiplexedConnection:
         for _, future in batch:
             if not future.done():
                 future.set_exception(exc)
+
+
+def _ignore(future: asyncio.Future[Any]) -> None:
+    """Retrieve ``future``'s outcome when it ends (nobody awaits it; a failure is seen
+    again by the command it was for)."""
+    future.add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
 class _Link(RedisProtocol):

@@ -38,6 +38,7 @@ class Producer:
 
     def __init__(self, connection: MultiplexedConnection) -> None:
         self._connection = connection
+        connection.keep_loaded(BOUNDED_XADD, CANCEL_QUEUED)
 
     def submit(
         self, stream: str, message: InferRequestMessage, max_queue_size: int = 0

@@ -104,3 +104,26 @@ async def test_call_before_start_fails_at_once(redis_url: str) -> None:
     conn = MultiplexedConnection(redis_url, timeout_s=1.0)
     with pytest.raises(redis.exceptions.ConnectionError, match="not started"):
         await conn.call("PING")
+
+
+async def test_kept_scripts_are_loaded_before_the_first_command(
+    redis_url: str, key_prefix: str
+) -> None:
+    """``keep_loaded``: the scripts reach Redis ahead of everything else on a new
+    connection, and at once on an open one, so an ``EVALSHA`` never meets ``NOSCRIPT``
+    (and is never overtaken by a later command while it is loaded and sent again)."""
+    first = Script(f"-- kept before connecting {key_prefix}\nreturn 1")
+    later = Script(f"-- kept while connected {key_prefix}\nreturn 2")
+    admin = redis.Redis.from_url(redis_url)
+    conn = MultiplexedConnection(redis_url, timeout_s=5.0)
+    await conn.start()
+    try:
+        conn.keep_loaded(first)
+        assert admin.script_exists(first.sha) == [False]
+        assert await conn.call(*first.command([], [])) == 1  # EVALSHA, first command
+        conn.keep_loaded(later)
+        assert await conn.call(*later.command([], [])) == 2
+        assert admin.script_exists(first.sha, later.sha) == [True, True]
+    finally:
+        await conn.stop()
+        admin.close()
