@@ -1,28 +1,39 @@
 """The ``sluice`` console script: :func:`api.cli.main`, quiet when Ctrl-C comes first.
 
 ``api.cli`` imports most of the project (FastAPI, grpcio, redis-py, numpy: ~0.5 s)
-before any signal handler of its own is set; a Ctrl-C in that time would end the
-command with a ``KeyboardInterrupt`` traceback.
+before any signal handler of its own is set. A ``KeyboardInterrupt`` raised in that
+time would end the command with a traceback, and not always as a
+``KeyboardInterrupt`` (one raised inside a class body's ``__set_name__`` becomes a
+``RuntimeError``), so the imports run with a SIGINT handler that only notes the signal.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
+
+#: a shell's exit code for a command ended by SIGINT (128 + 2).
+INTERRUPTED = 130
 
 
 def main() -> int:
     """Run ``sluice``.
 
     Returns:
-        The command's exit code; 130 (a shell's code for an interrupted command) for a
-        Ctrl-C before the command set its own handler, with no traceback.
+        The command's exit code; :data:`INTERRUPTED` for a Ctrl-C during the imports,
+        with no traceback (nothing was started yet).
     """
-    try:
-        from api.cli import main as cli_main
+    interrupted: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: interrupted.append(signum))
+    from api.cli import main as cli_main
 
+    if interrupted:
+        return INTERRUPTED
+    signal.signal(signal.SIGINT, previous)
+    try:
         return cli_main()
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt:  # `sluice gateway` / `sluice worker` before their handlers
+        return INTERRUPTED
 
 
 if __name__ == "__main__":
