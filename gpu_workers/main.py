@@ -219,11 +219,14 @@ def log_load_failure(instance: str, model: str, exc: BaseException) -> None:
     reason = str(exc) or type(exc).__name__
     if not isinstance(exc, (ValueError, RuntimeError, OSError, ImportError)):
         reason = f"{type(exc).__name__}: {reason}"  # e.g. a library's own exception type
-    traceback = isinstance(exc, ModelCodeError) or logger.isEnabledFor(logging.DEBUG)
+    shown: BaseException | None = None
+    if isinstance(exc, ModelCodeError):
+        shown = exc.__cause__ or exc  # the model's own traceback, not the wrapper's too
+    elif logger.isEnabledFor(logging.DEBUG):
+        shown = exc
     logger.error(
-        "instance %s of model '%s' failed to load: %s", instance, model, reason,
-        exc_info=exc if traceback else None,
-    )  # fmt: skip
+        "instance %s of model '%s' failed to load: %s", instance, model, reason, exc_info=shown
+    )
 
 
 def _await_publication(store: ModelStore, args: argparse.Namespace, stopping: Event) -> bool:
