@@ -90,6 +90,20 @@ def test_ctrl_c_stops_every_process(model_repository, redis_url, tmp_path) -> No
     assert not [pid for pid in children if _alive(pid)], server.log()
 
 
+def _ctrl_c_leaves_nothing(server) -> None:
+    """SIGINT to the server's process group, as a terminal's Ctrl-C: it exits 0 within 30
+    s and every process it had started (children and theirs) is gone within 5 s more."""
+    descendants = children_of(server.process.pid)
+    for pid in list(descendants):
+        descendants += children_of(pid)
+    os.killpg(server.process.pid, signal.SIGINT)
+    assert server.process.wait(30) == 0, server.log()
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in descendants) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in descendants if _alive(pid)], server.log()
+
+
 def test_ctrl_c_to_the_process_group_stops_everything_without_restarts(
     model_repository, redis_url, tmp_path
 ) -> None:
@@ -103,15 +117,7 @@ def test_ctrl_c_to_the_process_group_stops_everything_without_restarts(
         new_session=True,
     )
     time.sleep(1.5)  # the heartbeat processes start beside READY
-    descendants = children_of(server.process.pid)
-    for pid in list(descendants):
-        descendants += children_of(pid)
-    os.killpg(server.process.pid, signal.SIGINT)
-    assert server.process.wait(30) == 0, server.log()
-    deadline = time.monotonic() + 5
-    while any(_alive(pid) for pid in descendants) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [pid for pid in descendants if _alive(pid)], server.log()
+    _ctrl_c_leaves_nothing(server)
     assert "heartbeat process exited" not in server.log()
     stop_server(server)  # the key prefix's clean-up
 
@@ -160,15 +166,7 @@ def test_ctrl_c_while_models_load_exits_quietly(model_repository, redis_url, tmp
         assert server.process.poll() is None, server.log()
         time.sleep(0.05)
     assert initializing.exists(), server.log()
-    descendants = children_of(server.process.pid)
-    for pid in list(descendants):
-        descendants += children_of(pid)
-    os.killpg(server.process.pid, signal.SIGINT)
-    assert server.process.wait(30) == 0, server.log()
-    deadline = time.monotonic() + 5
-    while any(_alive(pid) for pid in descendants) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [pid for pid in descendants if _alive(pid)], server.log()
+    _ctrl_c_leaves_nothing(server)
     log = server.log()
     for text in ("Traceback", "KeyboardInterrupt", "failed to load", "load failed"):
         assert text not in log, log
