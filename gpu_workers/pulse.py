@@ -29,7 +29,7 @@ import time
 
 import redis
 
-from gpu_workers.processes import die_with_parent, terminate
+from gpu_workers.processes import die_with_parent, start_child, terminate
 
 logger = logging.getLogger(__name__)
 
@@ -83,8 +83,10 @@ class Pulse:
     def start(self) -> None:
         """Start the process; a failure is logged (the heartbeat thread still beats)."""
         try:
+            # SIGINT ignored from the start: a Ctrl-C during its imports had printed a
+            # KeyboardInterrupt traceback (its own handler comes after them)
             self._process = subprocess.Popen(
-                self._command, env=self._env, stdin=subprocess.DEVNULL
+                self._command, env=self._env, stdin=subprocess.DEVNULL, preexec_fn=start_child
             )
         except OSError as exc:
             logger.warning("instance %s: heartbeat process not started (%s)", self._instance, exc)
