@@ -565,7 +565,6 @@ class DataPlane:
         if self.cache is not None and view.config.response_cache.enable:
             return self.cache.submit(
                 message,
-                state.load_id if state is not None else "",
                 functools.partial(self._enqueue, message, view, model, resolved, now_ns),
             )
         return self._enqueue(message, view, model, resolved, now_ns)

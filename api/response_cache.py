@@ -60,14 +60,14 @@ class ResponseCache:
         self._background: set[asyncio.Future[None]] = set()
 
     def submit(
-        self, message: InferRequestMessage, load_id: str, enqueue: Enqueue
+        self, message: InferRequestMessage, enqueue: Enqueue
     ) -> asyncio.Future[InferResponseMessage]:
         """Answer ``message`` from the cache, or run ``enqueue`` (which queues it and
         returns the future of its response) and store a successful answer.
 
         Args:
-            message: the request, validated.
-            load_id: the serving version's ``VersionState.load_id``.
+            message: the request, validated; keyed on its ``load_id`` (the serving
+                version's ``VersionState.load_id``) with its inputs and outputs.
             enqueue: queues the request; returns the future of its response.
 
         Returns:
@@ -76,6 +76,7 @@ class ResponseCache:
         """
         loop = asyncio.get_running_loop()
         outer: asyncio.Future[InferResponseMessage] = loop.create_future()
+        load_id = message.load_id
         entry = self._keys.cache_entry(
             request_digest(
                 message.model,

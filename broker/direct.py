@@ -61,12 +61,8 @@ class DirectConnection:
         sock = self._sock or self._open()
         try:
             sock.sendall(pack_pipeline(commands))
-        except TimeoutError as exc:  # socket.timeout
-            self.close()
-            raise redis.exceptions.TimeoutError(f"Redis did not take a write: {exc}") from exc
         except OSError as exc:
-            self.close()
-            raise redis.exceptions.ConnectionError(f"Redis connection lost: {exc}") from exc
+            raise self._lost(exc) from exc
         self._owed += len(commands)
 
     def pipeline(self, commands: Sequence[Command]) -> list[Any]:
@@ -99,15 +95,8 @@ class DirectConnection:
                     reader.feed(data)
                 else:
                     replies.append(reply)
-        except TimeoutError as exc:  # socket.timeout
-            self.close()
-            raise redis.exceptions.TimeoutError(f"Redis did not answer in time: {exc}") from exc
-        except OSError as exc:
-            self.close()
-            raise redis.exceptions.ConnectionError(f"Redis connection lost: {exc}") from exc
-        except hiredis.ProtocolError as exc:
-            self.close()
-            raise redis.exceptions.ConnectionError(f"protocol error: {exc}") from exc
+        except (OSError, hiredis.ProtocolError) as exc:
+            raise self._lost(exc) from exc
         except redis.exceptions.ConnectionError:
             self.close()
             raise
@@ -120,6 +109,16 @@ class DirectConnection:
             if isinstance(reply, redis.exceptions.ResponseError):
                 raise reply
         return replies[owed:] if owed else replies
+
+    def _lost(self, exc: BaseException) -> redis.exceptions.RedisError:
+        """Close the connection after a failed read or write; redis-py's error for it
+        (``TimeoutError`` for a socket timeout, else ``ConnectionError``)."""
+        self.close()
+        if isinstance(exc, TimeoutError):  # socket.timeout
+            return redis.exceptions.TimeoutError(f"Redis did not answer in time: {exc}")
+        if isinstance(exc, hiredis.ProtocolError):
+            return redis.exceptions.ConnectionError(f"protocol error: {exc}")
+        return redis.exceptions.ConnectionError(f"Redis connection lost: {exc}")
 
     def _open(self) -> socket.socket:
         """Connect through redis-py (handshake included) and take its socket.

@@ -29,7 +29,7 @@ import time
 
 import redis
 
-from gpu_workers.processes import die_with_parent, start_child, terminate
+from gpu_workers.processes import start_child, terminate
 
 logger = logging.getLogger(__name__)
 
@@ -114,11 +114,11 @@ class Pulse:
 def main(argv: list[str] | None = None) -> int:
     """Set the instance's heartbeat every ``--interval`` s while the instance lives.
 
-    Ctrl-C (SIGINT to the terminal's process group) is ignored: the pulse stops with its
-    instance (SIGTERM from it, or with its death), and a pulse ended by Ctrl-C was taken
-    by the instance's heartbeat thread for one that died and started again, with a
+    :meth:`Pulse.start` starts it with SIGINT ignored and ``PR_SET_PDEATHSIG``
+    (:func:`gpu_workers.processes.start_child`): the pulse stops with its instance
+    (SIGTERM from it, or with its death), not at a terminal's Ctrl-C, which the
+    instance's heartbeat thread had taken for a pulse that died and started again, with a
     warning, at every Ctrl-C (fresh-user finding)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     parser = argparse.ArgumentParser(prog="python -m gpu_workers.pulse", description=__doc__)
     parser.add_argument("--key", required=True, help="the version's instances hash")
     parser.add_argument("--instance", required=True, help="the instance's field in it")
@@ -128,7 +128,6 @@ def main(argv: list[str] | None = None) -> int:
     # at once, whatever runs: a SystemExit raised inside redis-py's clean-up printed an
     # "Exception ignored" traceback (fresh-user finding); the kernel closes the socket
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    die_with_parent()  # SIGTERM when the instance exits
     client = redis.Redis.from_url(
         os.environ[_URL_ENV], protocol=2, socket_timeout=max(1.0, args.interval * 2)
     )

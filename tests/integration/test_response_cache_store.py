@@ -10,11 +10,11 @@ from broker.messages import InferRequestMessage, InferResponseMessage, WireTenso
 from broker.multiplex import MultiplexedConnection
 
 
-def _request(request_id: str) -> InferRequestMessage:
+def _request(request_id: str, load_id: str) -> InferRequestMessage:
     return InferRequestMessage(
         request_id=request_id, client_id="", model="m", version=1,
         inputs=(WireTensor("X", "FP32", (1,), b"\x00\x00\x80\x3f"),), outputs=(),
-        parameters={}, reply_to="r", deadline_ns=0, enqueued_ns=0,
+        parameters={}, reply_to="r", deadline_ns=0, enqueued_ns=0, load_id=load_id,
     )  # fmt: skip
 
 
@@ -30,7 +30,7 @@ async def _ask(cache: ResponseCache, request_id: str, load_id: str, answer_load:
         future.set_result(InferResponseMessage(request_id, "m", 1, (out,), load_id=answer_load))
         return future
 
-    response = await cache.submit(_request(request_id), load_id, enqueue)
+    response = await cache.submit(_request(request_id, load_id), enqueue)
     await asyncio.sleep(0.05)  # the insert and counters run in the background
     return response, bool(ran)
 
