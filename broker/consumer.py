@@ -95,7 +95,7 @@ class StreamConsumer:
             "XREADGROUP", "GROUP", WORKER_GROUP, self.consumer, "COUNT", count, *block,
             "STREAMS", *ids,
         )  # fmt: skip
-        return self._decode(self._run_deferred(read)[-1])
+        return self._decode(self._run_deferred(read, last_blocks=bool(block))[-1])
 
     def flush(self) -> None:
         """Send the deferred finish commands now (before a new execution, before stopping).
@@ -112,7 +112,7 @@ class StreamConsumer:
         replies are checked for errors like a finish's)."""
         self._deferred.extend(commands)
 
-    def _run_deferred(self, *more: tuple[object, ...]) -> list[object]:
+    def _run_deferred(self, *more: tuple[object, ...], last_blocks: bool = False) -> list[object]:
         """The deferred commands and ``more`` in one round trip. When Redis cannot be
         reached the deferred ones are kept (they may have run: replies are dropped as
         duplicates by the gateway, ``XACK``/``XDEL`` are idempotent, statistics are
@@ -121,7 +121,7 @@ class StreamConsumer:
         deferred, self._deferred = self._deferred, []
         sent, self._sent = self._sent, []
         try:
-            return self._run([*deferred, *more])
+            return self._run([*deferred, *more], last_blocks)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
             self._deferred = [*sent, *deferred, *self._deferred]
             self._direct.close()
@@ -233,9 +233,11 @@ class StreamConsumer:
             self._sent = []
             raise
 
-    def _run(self, commands: Sequence[tuple[object, ...]]) -> list[object]:
+    def _run(
+        self, commands: Sequence[tuple[object, ...]], last_blocks: bool = False
+    ) -> list[object]:
         """One pipelined round trip; the first error reply is raised."""
-        replies = self._direct.pipeline(commands)
+        replies = self._direct.pipeline(commands, last_blocks)
         for reply in replies:
             if isinstance(reply, redis.exceptions.ResponseError):
                 raise reply

@@ -13,6 +13,7 @@ only when the reader needs more bytes (redis-py's ``read_response`` per reply co
 from __future__ import annotations
 
 import socket
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +28,8 @@ Command = Sequence[object]
 
 #: most bytes taken off the socket per ``recv``.
 _RECV_BYTES = 65536
+#: fewest bytes of one RESP2 reply (``:0\r\n``; Redis sends no empty status reply).
+MIN_REPLY_BYTES = 4
 
 
 class DirectConnection:
@@ -49,6 +52,10 @@ class DirectConnection:
         self._reader: hiredis.Reader = reply_parser()
         #: replies of commands sent by :meth:`send` and not read yet.
         self._owed = 0
+        #: the socket's ``SO_RCVLOWAT`` (bytes).
+        self._lowat = 1
+        #: the connection is a Unix socket (where a low-water mark is safe: see pipeline).
+        self._unix = False
 
     def send(self, commands: Sequence[Command]) -> None:
         """Send ``commands`` in one write without waiting for their replies: the next
@@ -65,8 +72,21 @@ class DirectConnection:
             raise self._lost(exc) from exc
         self._owed += len(commands)
 
-    def pipeline(self, commands: Sequence[Command]) -> list[Any]:
+    def pipeline(self, commands: Sequence[Command], last_blocks: bool = False) -> list[Any]:
         """Send ``commands`` in one write and read their replies in order.
+
+        With ``last_blocks`` (the last command is a blocking read, answered only when an
+        entry arrives or its timeout passes) on a Unix socket, the socket's receive
+        low-water mark (``SO_RCVLOWAT``) is set to one byte more than the shortest replies
+        of the commands before it (:data:`MIN_REPLY_BYTES` each) could take, so those
+        replies, answered at once, do not wake the thread on their own: it wakes once,
+        when the blocking read is answered (the shortest answer, a timeout's nil, has 5
+        bytes). Longer replies wake it early; it then reads on as they come. Identity
+        model at one client on a 2-vCPU VM: the instance's CPU 132-140 against 139-150 µs
+        per request, 5 rounds alternating with the code before (2026-12-01). Not on TCP:
+        Linux wakes a TCP reader only when the bytes it has not taken yet reach the mark,
+        so a reader that took the early replies would sleep through a short last reply
+        until the socket timeout.
 
         Returns:
             One raw reply per command (RESP2, bytes); an error reply is returned as the
@@ -86,10 +106,17 @@ class DirectConnection:
             replies: list[Any] = []
             owed = self._owed
             wanted = owed + len(commands)
+            lowat = MIN_REPLY_BYTES * (wanted - 1) + 1 if last_blocks and self._unix else 1
+            if lowat != self._lowat:
+                self._set_lowat(lowat)
+            woken = False
             while len(replies) < wanted:
                 reply = reader.gets()
                 if reply is False:
+                    if woken and self._lowat != 1:
+                        self._set_lowat(1)  # woken early (longer replies): read as they come
                     data = sock.recv(_RECV_BYTES)
+                    woken = True
                     if not data:
                         raise redis.exceptions.ConnectionError("Redis closed the connection")
                     reader.feed(data)
@@ -110,11 +137,17 @@ class DirectConnection:
                 raise reply
         return replies[owed:] if owed else replies
 
+    def _set_lowat(self, nbytes: int) -> None:
+        sock = self._sock
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, nbytes)
+        self._lowat = nbytes
+
     def _lost(self, exc: BaseException) -> redis.exceptions.RedisError:
         """Close the connection after a failed read or write; redis-py's error for it
         (``TimeoutError`` for a socket timeout, else ``ConnectionError``)."""
         self.close()
-        if isinstance(exc, TimeoutError):  # socket.timeout
+        if isinstance(exc, (TimeoutError, BlockingIOError)):  # SO_RCVTIMEO / SO_SNDTIMEO
             return redis.exceptions.TimeoutError(f"Redis did not answer in time: {exc}")
         if isinstance(exc, hiredis.ProtocolError):
             return redis.exceptions.ConnectionError(f"protocol error: {exc}")
@@ -135,7 +168,18 @@ class DirectConnection:
                 f"redis-py {redis.__version__} keeps no socket on its connection; "
                 "Sluice's instance loop needs redis-py's Connection._sock (redis>=5)"
             )
+        # Blocking mode with kernel timeouts: Python's own timeout polls before each recv,
+        # and poll ignores SO_RCVLOWAT on a Unix socket; a blocking recv honours it.
+        timeout = sock.gettimeout()
+        sock.settimeout(None)
+        if timeout:
+            whole = int(timeout)
+            value = struct.pack("ll", whole, int((timeout - whole) * 1e6))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
         self._sock = sock
+        self._lowat = 1
+        self._unix = sock.family == socket.AF_UNIX
         self._reader = reply_parser()
         return sock
 

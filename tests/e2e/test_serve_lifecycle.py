@@ -304,13 +304,41 @@ def test_private_redis_when_none_answers(model_repository, tmp_path) -> None:
         server = start_server(
             _small_repo(model_repository, tmp_path, False), url, tmp_path / "serve.log"
         )
-        client = httpclient.InferenceServerClient(server.http_url)
+        client = httpclient.InferenceServerClient(server.http_url, concurrency=16)
         assert client.is_model_ready("add_sub")
+        # The instance reads with a receive low-water mark on a Unix socket: a request
+        # after idle gaps past its 200 ms heartbeat (a read that timed out after the
+        # previous batch's acknowledgements) is answered at once, and concurrent ones
+        # each get their own sums.
+        for gap_s in (0.0, 0.5, 0.25, 0.9):
+            time.sleep(gap_s)
+            a = np.full((1, 16), gap_s, np.float32)
+            started = time.monotonic()
+            out = client.infer("add_sub", _add_sub(a, a))
+            assert time.monotonic() - started < 2.0, gap_s
+            np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), a + a)
+        pending = [
+            (i, client.async_infer("add_sub", _add_sub(np.full((1, 16), i, np.float32),
+                                                        np.ones((1, 16), np.float32))))
+            for i in range(64)
+        ]  # fmt: skip
+        for i, request in pending:
+            result = request.get_result(timeout=30)
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.full((1, 16), i + 1))
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), np.full((1, 16), i - 1))
         client.close()
         assert stop_server(server) == 0
     finally:
         process.terminate()
         process.wait(10)
+
+
+def _add_sub(a: np.ndarray, b: np.ndarray) -> list[httpclient.InferInput]:
+    """add_sub's two inputs (FP32 [1, 16]), binary."""
+    inputs = [httpclient.InferInput(name, [1, 16], "FP32") for name in ("INPUT0", "INPUT1")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    return inputs
 
 
 CRASHER = """

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,9 +31,9 @@ def unix_redis() -> Iterator[Path]:
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed")
     workdir = Path(tempfile.mkdtemp(prefix="sluice-unix-redis-"))
-    socket = workdir / "redis.sock"
+    path = workdir / "redis.sock"
     process = subprocess.Popen(
-        ["redis-server", "--port", "0", "--unixsocket", str(socket), "--save", "",
+        ["redis-server", "--port", "0", "--unixsocket", str(path), "--save", "",
          "--appendonly", "no", "--dir", str(workdir), "--requirepass", "s3cret"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
@@ -39,13 +41,13 @@ def unix_redis() -> Iterator[Path]:
         deadline = time.monotonic() + 10
         while True:
             try:
-                if redis.Redis(unix_socket_path=str(socket), password="s3cret").ping():
+                if redis.Redis(unix_socket_path=str(path), password="s3cret").ping():
                     break
             except redis.exceptions.ConnectionError:
                 pass
             assert time.monotonic() < deadline, "redis-server did not start"
             time.sleep(0.05)
-        yield socket
+        yield path
     finally:
         process.kill()
         process.wait(10)
@@ -121,3 +123,130 @@ def test_direct_connection_pipelines_reopens_and_bounds_its_waits(unix_redis: Pa
     finally:
         direct.close()
         client.close()
+
+
+class _CountingSocket:
+    """A socket that counts its ``recv`` calls (each one a wake-up of a blocked thread)."""
+
+    def __init__(self, sock: object) -> None:
+        self._sock = sock
+        self.recvs = 0
+
+    def recv(self, nbytes: int) -> bytes:
+        self.recvs += 1
+        return self._sock.recv(nbytes)  # type: ignore[attr-defined, no-any-return]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._sock, name)
+
+
+@pytest.fixture
+def tcp_redis() -> Iterator[str]:
+    """A private redis-server on a loopback TCP port, with a password; its URL."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    workdir = Path(tempfile.mkdtemp(prefix="sluice-tcp-redis-"))
+    process = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(workdir), "--requirepass", "s3cret"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"redis://:s3cret@127.0.0.1:{port}/3"
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                if redis.Redis.from_url(url).ping():
+                    break
+            except redis.exceptions.ConnectionError:
+                pass
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+        yield url
+    finally:
+        process.kill()
+        process.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_a_blocking_read_wakes_the_reader_once(unix_redis: Path) -> None:
+    """On a Unix socket, with ``last_blocks`` the replies of the commands before a blocking
+    read (answered at once) do not wake the reader: it reads once, when the blocking read
+    is answered. Without it, the early replies take a read of their own."""
+    url = f"unix://:s3cret@{unix_redis}?db=3"
+    counts = _blocking_reads(
+        url, redis.Redis(unix_socket_path=str(unix_redis), password="s3cret", db=3)
+    )
+    assert counts[True] == 1
+    assert counts[False] >= 2  # the early replies came first, in one read or two
+
+
+def test_a_blocking_read_over_tcp_reads_as_replies_come(tcp_redis: str) -> None:
+    """Over TCP no low-water mark is set (Linux would not wake a reader that took the
+    early replies for a last reply shorter than the mark): every reply still arrives,
+    and a read that times out after several early replies ends at its timeout."""
+    counts = _blocking_reads(tcp_redis, redis.Redis.from_url(tcp_redis))
+    assert counts[True] >= 1 and counts[False] >= 1
+
+
+def _blocking_reads(url: str, writer: redis.Redis) -> dict[bool, int]:
+    """Blocking reads through a DirectConnection, answered by an entry written 0.2 s later,
+    with and without ``last_blocks``, after replies of several lengths; asserts every
+    reply and that a timed-out read ends in time. Returns the ``recv`` calls of the
+    plain case per ``last_blocks``."""
+    client = redis.Redis.from_url(url, socket_timeout=5, protocol=2)
+    direct = DirectConnection(client)
+    counts: dict[bool, int] = {}
+    try:
+        assert direct.pipeline([("PING",)]) == [b"PONG"]
+        counting = _CountingSocket(direct._sock)
+        direct._sock = counting  # type: ignore[assignment]
+        read = ("XREAD", "COUNT", 10, "BLOCK", 5000, "STREAMS", "s", "$")
+
+        def entry_later(value: str) -> threading.Timer:
+            timer = threading.Timer(0.2, lambda: writer.xadd("s", {"v": value}))
+            timer.start()
+            return timer
+
+        for last_blocks in (True, False):
+            counting.recvs = 0
+            timer = entry_later(f"lb-{last_blocks}")
+            direct.send([("RPUSH", "answers", "a"), ("EXPIRE", "answers", 60)])
+            replies = direct.pipeline(
+                [("XACK", "s", "g", "1-1"), ("HSET", "h", "f", 1), read], last_blocks
+            )
+            timer.join()
+            assert replies[:2] == [0, 1 if last_blocks else 0]
+            assert replies[2][0][1][0][1] == [b"v", f"lb-{last_blocks}".encode()]
+            counts[last_blocks] = counting.recvs
+
+        # longer and error replies before it: read as they come, each reply in its place
+        writer.set("k", "x" * 200)
+        timer = entry_later("after-long")
+        replies = direct.pipeline([("GET", "k"), ("HSET", "k", "f", 1), read], True)
+        timer.join()
+        assert replies[0] == b"x" * 200
+        assert isinstance(replies[1], redis.exceptions.ResponseError)
+        assert replies[2][0][1][0][1] == [b"v", b"after-long"]
+
+        # a read that times out (nil, the shortest reply) after several early replies
+        # ends at its timeout, not at the socket's
+        for _ in range(3):
+            started = time.monotonic()
+            direct.send([("RPUSH", "answers", "b")])
+            replies = direct.pipeline(
+                [("EXPIRE", "answers", 60), ("XACK", "s", "g", "1-1"),
+                 ("XREAD", "BLOCK", 100, "STREAMS", "s", "$")],
+                True,
+            )  # fmt: skip
+            assert replies == [1, 0, None]
+            assert time.monotonic() - started < 2
+        assert direct.pipeline([("LRANGE", "answers", 0, -1)]) == [[b"a", b"a", b"b", b"b", b"b"]]
+    finally:
+        direct.close()
+        client.close()
+        writer.close()
+    return counts
