@@ -6,6 +6,7 @@ callback-read connections (``broker.takeover``) and the instance loop's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import socket
 import subprocess
@@ -25,33 +26,41 @@ from broker.multiplex import MultiplexedConnection
 from broker.replies import ReplyRouter
 
 
-@pytest.fixture
-def unix_redis() -> Iterator[Path]:
-    """A private redis-server listening on a Unix socket only, with a password."""
+@contextlib.contextmanager
+def _redis_server(listen: list[str], url: str) -> Iterator[None]:
+    """A redis-server with password ``s3cret`` persisting nothing, listening as ``listen``
+    says, while the block runs; ``url`` reaches it (waited for up to 10 s)."""
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed")
-    workdir = Path(tempfile.mkdtemp(prefix="sluice-unix-redis-"))
-    path = workdir / "redis.sock"
+    workdir = Path(tempfile.mkdtemp(prefix="sluice-test-redis-"))
     process = subprocess.Popen(
-        ["redis-server", "--port", "0", "--unixsocket", str(path), "--save", "",
-         "--appendonly", "no", "--dir", str(workdir), "--requirepass", "s3cret"],
+        ["redis-server", *listen, "--save", "", "--appendonly", "no", "--dir", str(workdir),
+         "--requirepass", "s3cret"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 10
         while True:
             try:
-                if redis.Redis(unix_socket_path=str(path), password="s3cret").ping():
+                if redis.Redis.from_url(url).ping():
                     break
             except redis.exceptions.ConnectionError:
                 pass
             assert time.monotonic() < deadline, "redis-server did not start"
             time.sleep(0.05)
-        yield path
+        yield
     finally:
         process.kill()
         process.wait(10)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def unix_redis(tmp_path: Path) -> Iterator[Path]:
+    """A private redis-server listening on a Unix socket only, with a password."""
+    path = tmp_path / "redis.sock"
+    with _redis_server(["--port", "0", "--unixsocket", str(path)], f"unix://:s3cret@{path}"):
+        yield path
 
 
 async def test_commands_and_answers_travel_over_a_unix_socket_with_auth_and_db(
@@ -143,33 +152,12 @@ class _CountingSocket:
 @pytest.fixture
 def tcp_redis() -> Iterator[str]:
     """A private redis-server on a loopback TCP port, with a password; its URL."""
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    workdir = Path(tempfile.mkdtemp(prefix="sluice-tcp-redis-"))
-    process = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(workdir), "--requirepass", "s3cret"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
     url = f"redis://:s3cret@127.0.0.1:{port}/3"
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if redis.Redis.from_url(url).ping():
-                    break
-            except redis.exceptions.ConnectionError:
-                pass
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.05)
+    with _redis_server(["--port", str(port), "--bind", "127.0.0.1"], url):
         yield url
-    finally:
-        process.kill()
-        process.wait(10)
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def test_a_blocking_read_wakes_the_reader_once(unix_redis: Path) -> None:
