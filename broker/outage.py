@@ -60,15 +60,16 @@ class OutageLog:
         elif now - self._last_line < self._remind_s:
             self._quiet += 1
             return
+        reason = str(exc) or type(exc).__name__  # a bare TimeoutError has no text
         if self._quiet:
             self._logger.warning(
                 "%s: Redis unreachable: %s (%d more failures since the last line)",
                 self._what,
-                exc,
+                reason,
                 self._quiet,
             )
         else:
-            self._logger.warning("%s: Redis unreachable: %s", self._what, exc)
+            self._logger.warning("%s: Redis unreachable: %s", self._what, reason)
         self._last_line, self._quiet = now, 0
 
     def ok(self) -> None:

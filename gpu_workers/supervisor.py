@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,8 @@ INSTANCE_SETTLED_S = 10.0
 STATE_CHECK_S = 1.0
 #: consecutive failed starts of one gateway after which ``sluice serve`` gives up.
 GATEWAY_START_ATTEMPTS = 3
+#: the exit deadline: ``sluice serve`` kills what is left this long after the exit timeout, in s.
+EXIT_GRACE_S = 3.0
 
 
 class GatewayStartError(RuntimeError):
@@ -124,6 +127,10 @@ class Supervisor:
             1, options.gateway_processes
         )
         self._stopping = False
+        self._gateways_signalled = False
+        #: ends the process if the shutdown outlives the exit timeout (Redis stalled)
+        self._exit_deadline: threading.Thread | None = None
+        self._shutdown_done = threading.Event()
         #: the redis-server ``sluice serve`` started because none answered (None: a Redis
         #: of the user's): started again at the same socket when it dies
         self.private_redis: subprocess.Popen[bytes] | None = None
@@ -360,9 +367,61 @@ class Supervisor:
         return self._stopping
 
     def request_stop(self, *_: object) -> None:
-        """Signal handler: leave :meth:`watch` and shut down."""
+        """Signal handler: leave :meth:`watch` and shut down. The gateways are told at once
+        and the exit deadline starts (:meth:`_arm_exit_deadline`), so that a main thread
+        held in a Redis call (Redis stalled: up to the client's 30 s socket timeout) does
+        not hold up the exit."""
         self._stopping = True
         self.manager.stopping = True
+        self._signal_gateways()
+        self._arm_exit_deadline()
+
+    def _signal_gateways(self) -> None:
+        """SIGTERM every running gateway, once: from then on they answer new requests with
+        503 / UNAVAILABLE and the ones they hold within the exit timeout."""
+        if self._gateways_signalled:
+            return
+        self._gateways_signalled = True
+        for gateway in self.gateways:
+            if gateway is not None and gateway.poll() is None:
+                gateway.send_signal(signal.SIGTERM)
+
+    def _arm_exit_deadline(self) -> None:
+        """Start, once, the thread that ends ``sluice serve`` when the shutdown has not
+        finished :data:`EXIT_GRACE_S` after the exit timeout: it kills what is left of the
+        deployment (gateways, instances, the private redis-server) and exits with code 1.
+        A shutdown blocks that long only on a Redis that accepts connections and does not
+        answer (stopped, swapped out): every other wait of it is bounded by the exit
+        timeout."""
+        if self._exit_deadline is not None:
+            return
+        limit_s = self.options.exit_timeout_s + EXIT_GRACE_S
+        self._exit_deadline = threading.Thread(
+            target=self._enforce_exit, args=(limit_s,), name="sluice-exit-deadline", daemon=True
+        )
+        self._exit_deadline.start()
+
+    def _enforce_exit(self, limit_s: float) -> None:
+        if self._shutdown_done.wait(limit_s):
+            return
+        logger.error(
+            "the shutdown did not finish within the exit timeout (%.0f s) and %.0f s more "
+            "(Redis not answering?): killing what is left and exiting",
+            self.options.exit_timeout_s,
+            EXIT_GRACE_S,
+        )
+        processes = [g for g in self.gateways if g is not None]
+        processes += [i.process for i in list(self.manager.instances()) if i.process]
+        if self.private_redis is not None:
+            processes.append(self.private_redis)
+        for process in processes:
+            with contextlib.suppress(OSError):
+                if process.poll() is None:
+                    process.kill()
+        for handler in logging.getLogger().handlers:
+            with contextlib.suppress(Exception):
+                handler.flush()
+        os._exit(1)
 
     def shutdown(self) -> None:
         """Stop the gateways taking requests, drain every instance, then wait for the gateways.
@@ -373,11 +432,10 @@ class Supervisor:
         the draining instances. What outlives the exit timeout is killed.
         """
         self._stopping = True
+        self._arm_exit_deadline()
+        self._signal_gateways()
         with contextlib.suppress(redis.exceptions.RedisError):
             self.store.set_server(startup="exiting")  # before any version is unloaded
-        for gateway in self.gateways:
-            if gateway is not None and gateway.poll() is None:
-                gateway.send_signal(signal.SIGTERM)
         try:
             self.manager.shutdown(self.options.exit_timeout_s)
         except redis.exceptions.RedisError as exc:
@@ -389,3 +447,4 @@ class Supervisor:
         terminate([g for g in self.gateways if g is not None], self.options.exit_timeout_s)
         self.lease.release()
         self.client.close()
+        self._shutdown_done.set()

@@ -29,6 +29,7 @@ from e2e_support import (
 from tritonclient.utils import InferenceServerException
 
 from broker.redis_server import delete_prefix, free_port, start_private_redis
+from gpu_workers.supervisor import EXIT_GRACE_S
 
 pytestmark = pytest.mark.e2e
 
@@ -943,3 +944,44 @@ def test_a_gateway_that_cannot_bind_its_shared_port_says_so_in_one_line(redis_ur
     assert f"cannot listen on the HTTP port 127.0.0.1:{port}" in output
     assert "Address already in use" in output
     assert "Traceback" not in output and len(output.strip().splitlines()) == 1, output
+
+
+def test_sigterm_while_redis_is_stalled_exits_by_the_exit_deadline(
+    model_repository, tmp_path
+) -> None:
+    """A Redis that holds its connections open and answers nothing (SIGSTOP) cannot hold
+    up the exit: SIGTERM stops the gateways at once, and what is left is killed and
+    ``sluice serve`` exits 1 the exit timeout and EXIT_GRACE_S after the signal (it had
+    waited in Redis calls with a 30 s socket timeout: still running 45 s later)."""
+    process, url = start_private_redis()
+    server = None
+    try:
+        server = start_server(
+            _small_repo(model_repository, tmp_path, False),
+            url,
+            tmp_path / "serve.log",
+            "--exit-timeout-secs",
+            "2",
+        )
+        descendants = children_of(server.process.pid)
+        for pid in list(descendants):
+            descendants += children_of(pid)
+        assert descendants
+        os.kill(process.pid, signal.SIGSTOP)
+        time.sleep(0.5)
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(2 + EXIT_GRACE_S + 5) == 1, server.log()
+        took = time.monotonic() - started
+        assert 2 <= took < 2 + EXIT_GRACE_S + 2, took
+        deadline = time.monotonic() + 5
+        while any(_alive(pid) for pid in descendants) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [pid for pid in descendants if _alive(pid)], server.log()
+        assert "the shutdown did not finish within the exit timeout" in server.log()
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+        process.terminate()
+        process.wait(10)
+        if server is not None and server.process.poll() is None:
+            server.process.kill()
