@@ -421,25 +421,55 @@ class DataPlane:
         server's 503 / UNAVAILABLE, not the 404 of an unknown model (the server-wide
         ``startup`` fact is ``exiting`` before any version is unloaded).
 
+        A view that is not cached is read from Redis within the request timeout: a
+        request that arrives while Redis does not answer gets "Request timeout expired"
+        at its deadline, as one queued then does (the read itself would wait for the
+        client's socket timeout, 15 s). The caller takes the wait off the request's
+        timeout (:meth:`submit` ``waited_ns``).
+
         Raises:
-            SluiceError: UNAVAILABLE "Server is shutting down", or what
-                :meth:`ModelRegistry.resolve` raises.
+            SluiceError: UNAVAILABLE "Server is shutting down" or "Request timeout
+                expired", or what :meth:`ModelRegistry.resolve` raises.
         """
         if self._exiting:
             raise _shutting_down(model)
+        view = self.registry.cached(model)
+        if view is not None:
+            return view, view.resolve(version)
         try:
-            return await self.registry.resolve(model, version)
+            return await asyncio.wait_for(
+                self.registry.resolve(model, version), self._timeout_ns / 1e9
+            )
+        except TimeoutError:
+            raise SluiceError(
+                ErrorCode.UNAVAILABLE, "Request timeout expired", model=model
+            ) from None
         except SluiceError as exc:
-            if exc.code is ErrorCode.NOT_FOUND and await self._server_exiting():
+            if exc.code is not ErrorCode.NOT_FOUND:
+                raise
+            facts = await self._server_facts()
+            if facts is not None and facts.get("startup") == "exiting":
                 self._exiting = True
                 raise _shutting_down(model) from None
+            if facts == {}:
+                # the supervisor's record is gone too: Redis lost the deployment's state
+                # (restarted without its data) and ``sluice serve`` publishes it again
+                # within a second; a 404 would read as final to clients and balancers
+                raise SluiceError(
+                    ErrorCode.UNAVAILABLE,
+                    f"model '{model}' is not available: the server's state is missing "
+                    "from Redis (restarted without its data?) and is being published "
+                    "again",
+                    model=model,
+                ) from None
             raise
 
-    async def _server_exiting(self) -> bool:
+    async def _server_facts(self) -> dict[str, str] | None:
+        """The supervisor's server-wide facts; None when Redis cannot say."""
         try:
-            return (await self.registry.server_facts()).get("startup") == "exiting"
+            return await self.registry.server_facts()
         except Exception:
-            return False
+            return None
 
     async def infer(
         self,
@@ -449,11 +479,14 @@ class DataPlane:
         inputs: Sequence[WireTensor],
         outputs: Sequence[RequestedOutput],
         parameters: dict[str, ParameterValue],
+        waited_ns: int = 0,
     ) -> InferResult:
         """Validate, queue and await one inference request.
 
         A failed request is logged once, with Sluice's request id (the id worker log
-        lines carry), the client's id and the reason.
+        lines carry), the client's id and the reason. ``waited_ns``: how long the caller
+        already waited for the model's view, in ns (taken off the request timeout, with
+        this call's own wait for it).
 
         Raises:
             SluiceError: UNAVAILABLE once :meth:`begin_shutdown` was called,
@@ -463,10 +496,13 @@ class DataPlane:
         """
         request_id = self.next_request_id()
         try:
+            started_ns = time.monotonic_ns()
             view, resolved = await self.resolve_for_infer(model, version)
+            waited_ns += time.monotonic_ns() - started_ns
             response = await self.submit(
-                request_id, view, resolved, client_id, inputs, outputs, parameters
-            )
+                request_id, view, resolved, client_id, inputs, outputs, parameters,
+                waited_ns=waited_ns,
+            )  # fmt: skip
             return self.result(view.name, client_id, response)
         except SluiceError as exc:
             self.log_failure(request_id, client_id, model, version, exc)
@@ -515,8 +551,12 @@ class DataPlane:
         parameters: dict[str, ParameterValue],
         *,
         checked: bool = False,
+        waited_ns: int = 0,
     ) -> asyncio.Future[InferResponseMessage]:
         """Validate and queue one request without waiting; the future gets its response.
+
+        ``waited_ns``: how long the request already waited for its model's view
+        (:meth:`resolve_for_infer`), in ns; its deadline is that much nearer.
 
         ``checked``: the caller knows that a request with the same inputs' names,
         datatypes, shapes and byte sizes and the same outputs passed
@@ -557,7 +597,7 @@ class DataPlane:
             outputs=tuple(o.name for o in outputs),
             parameters=parameters,
             reply_to=self.router.reply_key,
-            deadline_ns=now_ns + self._timeout_ns,
+            deadline_ns=now_ns + self._timeout_ns - waited_ns,
             enqueued_ns=now_ns,
             classification={o.name: o.class_count for o in outputs if o.class_count > 0},
             load_id=state.load_id if state is not None else "",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -143,7 +144,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         version = parse_version(request.model_version, model)
         # unknown model first; a stopping server's 503 / UNAVAILABLE rather than the 404 of
         # the versions it unloads while it exits (as HTTP)
+        started_ns = time.monotonic_ns()
         view, _ = await self._dp.resolve_for_infer(model, version)
+        waited_ns = time.monotonic_ns() - started_ns
         if view.decoupled:
             raise SluiceError(
                 ErrorCode.UNSUPPORTED,
@@ -153,8 +156,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             )
         parsed = parse_infer_request(request)
         result = await self._dp.infer(
-            model, version, parsed.client_id, parsed.inputs, parsed.outputs, parsed.parameters
-        )
+            model, version, parsed.client_id, parsed.inputs, parsed.outputs, parsed.parameters,
+            waited_ns,
+        )  # fmt: skip
         REDIS_OUTAGE.ok()  # an answer came through Redis: an outage logged is over
         return encode_infer_response(
             model=model,

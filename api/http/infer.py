@@ -13,6 +13,7 @@ import asyncio
 import functools
 import logging
 import re
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -136,6 +137,7 @@ def _submit(
     version: int | None,
     parsed: HttpInferRequest,
     kept: CachedHeader | None = None,
+    waited_ns: int = 0,
 ) -> asyncio.Future[InferResponseMessage]:
     """Validate and queue a parsed request (:meth:`DataPlane.submit`); a refusal is
     logged with the request's ids. A request of a kept header that passed the checks
@@ -155,6 +157,7 @@ def _submit(
             parsed.outputs,
             parsed.parameters,
             checked=checked,
+            waited_ns=waited_ns,
         )
     except SluiceError as exc:
         dp.log_failure(request_id, parsed.client_id, view.name, version, exc)
@@ -204,13 +207,15 @@ async def handle_infer(
     """
     headers = dict(scope["headers"])
     try:
+        started_ns = time.monotonic_ns()
         view, resolved = await dp.resolve_for_infer(model, version)  # unknown model: 404 first
+        waited_ns = time.monotonic_ns() - started_ns
         raw = await _read_body(receive, headers, dp.settings.http.max_body_bytes)
         parsed, _ = _parse(dp, view, headers, raw)
     except SluiceError as exc:  # refused before it had ids: one verbose line
         dp.log_failure(request_id, "", model, version, exc)
         raise
-    future = _submit(dp, request_id, view, resolved, version, parsed)
+    future = _submit(dp, request_id, view, resolved, version, parsed, waited_ns=waited_ns)
     scope[REPLY_SCOPE_KEY] = future
     try:
         result = dp.result(model, parsed.client_id, await future)

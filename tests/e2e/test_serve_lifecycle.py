@@ -11,11 +11,14 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+import redis
 import requests
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from e2e_support import (
     children_of,
@@ -52,7 +55,7 @@ def _small_repo(model_repository: Path, tmp_path: Path, broken: bool) -> Path:
         # a config that leaves out one of the graph's two inputs (Triton refuses it at load)
         shutil.copytree(model_repository / "add_sub", repo / "partial")
         config = (repo / "partial/config.pbtxt").read_text().replace('"add_sub"', '"partial"')
-        head, _, rest = config.partition("  },\n  {\n    name: \"INPUT1\"")
+        head, _, rest = config.partition('  },\n  {\n    name: "INPUT1"')
         (repo / "partial/config.pbtxt").write_text(head + "  }\n]" + rest.split("]", 2)[2])
         (repo / "badconfig/1").mkdir(parents=True)
         (repo / "badconfig/config.pbtxt").write_text('platform: "onnxruntime_onnx"\nbogus: 1\n')
@@ -255,8 +258,7 @@ def test_broken_models_reported_while_others_serve(model_repository, redis_url, 
         log = server.log()
         assert "Traceback" not in log, log
         assert (
-            "instance mismatch_0_0 of model 'mismatch' failed to load: unable to load model"
-            in log
+            "instance mismatch_0_0 of model 'mismatch' failed to load: unable to load model" in log
         ), log
         assert client.is_server_live()
         assert not client.is_server_ready()
@@ -427,9 +429,7 @@ class TritonPythonModel:
 """
 
 
-def test_an_execution_holding_the_gil_is_not_taken_for_a_dead_instance(
-    redis_url, tmp_path
-) -> None:
+def test_an_execution_holding_the_gil_is_not_taken_for_a_dead_instance(redis_url, tmp_path) -> None:
     """An execute that holds the GIL for 8 s (past the 5 s stale bound) stopped its
     instance's heartbeat thread: a peer instance claimed the request and ran it again,
     and a model with one instance went not ready (and so did the server). The pulse
@@ -877,9 +877,7 @@ def test_ctrl_c_runs_what_is_queued_within_the_exit_timeout(redis_url, tmp_path)
         stop_server(server)
 
 
-def test_what_outlives_the_exit_timeout_is_refused_and_never_run_later(
-    redis_url, tmp_path
-) -> None:
+def test_what_outlives_the_exit_timeout_is_refused_and_never_run_later(redis_url, tmp_path) -> None:
     """With ``--exit-timeout-secs 2`` a 6 s request and the two queued behind it cannot
     finish: each client gets 503 / UNAVAILABLE (no 500, no traceback), the requests are
     taken off the queue, and a server started later on the same Redis runs none of them."""
@@ -890,18 +888,16 @@ def test_what_outlives_the_exit_timeout_is_refused_and_never_run_later(
             server, [(6000, 1.0, "http"), (500, 2.0, "http"), (500, 3.0, "grpc")]
         )
         assert [kind for kind, _ in outcomes] == ["error"] * 3, outcomes
-        assert all(
-            text.startswith(("503 ", "StatusCode.UNAVAILABLE ")) for _, text in outcomes
-        ), outcomes
+        assert all(text.startswith(("503 ", "StatusCode.UNAVAILABLE ")) for _, text in outcomes), (
+            outcomes
+        )
         assert "Traceback" not in server.log()
         assert "exit timeout reached: HTTP requests still in flight are answered 503" in (
             server.log()
         ), server.log()
         assert "Cancel " not in server.log()  # uvicorn's ERROR line, reworded as a warning
         assert _queued(server, "slow") == 0
-        later = start_server(
-            repo, redis_url, tmp_path / "later.log", key_prefix=server.key_prefix
-        )
+        later = start_server(repo, redis_url, tmp_path / "later.log", key_prefix=server.key_prefix)
         try:
             time.sleep(1.5)
             stats = httpclient.InferenceServerClient(later.http_url).get_inference_statistics(
@@ -985,3 +981,99 @@ def test_sigterm_while_redis_is_stalled_exits_by_the_exit_deadline(
         process.wait(10)
         if server is not None and server.process.poll() is None:
             server.process.kill()
+
+
+def _infer_error(call: Callable[[], object]) -> tuple[str, float]:
+    """The error text of ``call`` (which must fail) and how long it took, in s."""
+    started = time.monotonic()
+    with pytest.raises(Exception) as caught:
+        call()
+    return str(caught.value), time.monotonic() - started
+
+
+def test_requests_arriving_while_redis_is_stalled_end_at_their_deadline(
+    model_repository, tmp_path
+) -> None:
+    """A request that arrives while Redis answers nothing (its model's view not cached:
+    the gateway must read Redis) gets "Request timeout expired" at its deadline over
+    HTTP and gRPC, not after the 15 s socket timeout or once Redis answers again (it
+    had been run and answered 200 after 12 s with a 3 s request timeout)."""
+    process, url = start_private_redis()
+    server = None
+    try:
+        server = start_server(
+            _small_repo(model_repository, tmp_path, False),
+            url,
+            tmp_path / "serve.log",
+            "--request-timeout-secs",
+            "2",
+        )
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=30)
+        grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        a = np.ones((1, 16), np.float32)
+        assert client.infer("add_sub", _add_sub(a, a)).as_numpy("OUTPUT0")[0, 0] == 2
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            time.sleep(1.0)  # past the gateway's 0.5 s view cache
+            text, took = _infer_error(lambda: client.infer("add_sub", _add_sub(a, a)))
+            assert "Request timeout expired" in text and 1.5 < took < 4, (text, took)
+            grpc_inputs = [grpcclient.InferInput(n, [1, 16], "FP32") for n in ("INPUT0", "INPUT1")]
+            for tensor in grpc_inputs:
+                tensor.set_data_from_numpy(a)
+            text, took = _infer_error(lambda: grpc.infer("add_sub", grpc_inputs))
+            assert "Request timeout expired" in text and 1.5 < took < 4, (text, took)
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+        assert client.infer("add_sub", _add_sub(a, a)).as_numpy("OUTPUT0")[0, 0] == 2
+        client.close()
+        grpc.close()
+        assert stop_server(server) == 0
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+        process.terminate()
+        process.wait(10)
+        if server is not None and server.process.poll() is None:
+            server.process.kill()
+
+
+def test_a_redis_that_lost_its_data_gives_503_not_404_until_republished(
+    model_repository, redis_url, tmp_path
+) -> None:
+    """Redis restarted without its data: until ``sluice serve`` publishes the models
+    again, an inference gets 503 / UNAVAILABLE naming the missing state, not the final
+    404 of an unknown model; then it is served again. The supervisor is held (SIGSTOP)
+    so that the window stays open; a model that never existed still gets 404."""
+    server = start_server(
+        _small_repo(model_repository, tmp_path, False), redis_url, tmp_path / "serve.log"
+    )
+    client = httpclient.InferenceServerClient(server.http_url)
+    a = np.ones((1, 16), np.float32)
+    try:
+        assert client.infer("add_sub", _add_sub(a, a)).as_numpy("OUTPUT0")[0, 0] == 2
+        broker = redis.Redis.from_url(redis_url)
+        os.kill(server.process.pid, signal.SIGSTOP)
+        try:
+            for key in broker.scan_iter(match=f"{server.key_prefix}*", count=1000):
+                broker.delete(key)  # what a restart without data leaves of this deployment
+            time.sleep(0.7)  # past the gateway's view cache
+            text, _ = _infer_error(lambda: client.infer("add_sub", _add_sub(a, a)))
+            assert "[503]" in text or "503" in text, text
+            assert "state is missing from Redis" in text, text
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                out = client.infer("add_sub", _add_sub(a, a))
+                break
+            except InferenceServerException as exc:
+                assert "not found" not in str(exc), str(exc)
+                assert time.monotonic() < deadline, str(exc)
+                time.sleep(0.1)
+        assert out.as_numpy("OUTPUT0")[0, 0] == 2
+        with pytest.raises(InferenceServerException, match="unknown model"):
+            client.infer("nosuch", _add_sub(a, a))
+        broker.close()
+    finally:
+        client.close()
+        stop_server(server)
