@@ -5,16 +5,21 @@ server with the same key prefix left, at exit it marks every version unloaded. T
 supervisors on one prefix would undo each other, so the second one refuses to start
 while the first holds the lease (``SET key owner NX PX``), renewed by a thread every
 :data:`RENEW_S` and released at a clean exit; after a crash it lapses within
-:data:`LEASE_MS`. A lease that lapsed while its server lives (Redis stalled past
-:data:`LEASE_MS`, or restarted without its data) is taken back at the next renewal,
-unless another server took it meanwhile. Gateways and instances started on their own
-(scale-out) take no lease.
+:data:`LEASE_MS` (a server started on the same host meanwhile waits for that when the
+holder's process is gone, instead of refusing to start). A lease that lapsed while its
+server lives (Redis stalled past :data:`LEASE_MS`, or restarted without its data) is
+taken back at the next renewal, unless another server took it meanwhile. Gateways and
+instances started on their own (scale-out) take no lease.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import re
+import socket
 import threading
+import time
 
 import redis
 
@@ -43,6 +48,22 @@ return 0
 """
 
 
+def _exited_here(owner: str) -> bool:
+    """Whether lease holder ``owner`` (``host H pid P …``) names this host and a process
+    that no longer exists: a ``sluice serve`` killed here, whose lease lapses within
+    :data:`LEASE_MS`. Only waited for, never taken: another machine may share the name."""
+    match = re.match(r"host (\S+) pid (\d+)\b", owner)
+    if match is None or match.group(1) != socket.gethostname():
+        return False
+    try:
+        os.kill(int(match.group(2)), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # it exists (another user's process)
+    return False
+
+
 class DeploymentTaken(RuntimeError):
     """Another ``sluice serve`` holds the lease of this key prefix."""
 
@@ -64,6 +85,7 @@ class DeploymentLease:
         self._release = client.register_script(_RELEASE)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._waiting_for = ""
 
     def acquire(self) -> None:
         """Take the lease and start renewing it.
@@ -72,10 +94,21 @@ class DeploymentLease:
             DeploymentTaken: another server holds it; the message names that server.
             redis.exceptions.RedisError: Redis unreachable.
         """
-        if not self._client.set(self._key, self.owner, nx=True, px=LEASE_MS):
+        deadline = time.monotonic() + LEASE_MS / 1000 + 1.0
+        while not self._client.set(self._key, self.owner, nx=True, px=LEASE_MS):
             holder = self._client.get(self._key)
             who = holder.decode() if isinstance(holder, bytes) else "a server that just stopped"
-            raise DeploymentTaken(who)
+            if not _exited_here(who) or time.monotonic() >= deadline:
+                raise DeploymentTaken(who)
+            if self._waiting_for != who:
+                self._waiting_for = who
+                logger.info(
+                    "the deployment lease is held by %s, which exited without releasing "
+                    "it; waiting up to %.0f s for it to lapse",
+                    who,
+                    LEASE_MS / 1000,
+                )
+            time.sleep(0.1)
         self._thread = threading.Thread(target=self._renew_forever, name="lease", daemon=True)
         self._thread.start()
 

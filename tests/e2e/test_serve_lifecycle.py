@@ -803,6 +803,28 @@ def test_second_serve_on_the_same_key_prefix_is_refused(
         stop_server(third)
 
 
+def test_a_serve_started_right_after_a_killed_one_waits_for_its_lease(
+    model_repository, redis_url, tmp_path
+) -> None:
+    """``sluice serve`` SIGKILLed leaves its lease to lapse (5 s); one started on the same
+    host and key prefix at once waits for that, since the holder's process is gone, and
+    serves, instead of refusing with 'another sluice serve … runs' about a dead one."""
+    repo = _small_repo(model_repository, tmp_path, False)
+    first = start_server(repo, redis_url, tmp_path / "first.log")
+    first.process.kill()
+    first.process.wait(10)
+    started = time.monotonic()
+    second = start_server(repo, redis_url, tmp_path / "second.log", key_prefix=first.key_prefix)
+    second.owns_prefix = True
+    try:
+        assert time.monotonic() - started < 30
+        log = second.log()
+        assert f"pid {first.process.pid} HTTP port {first.http_port}, which exited" in log, log
+        assert _add_sub_sum(second) == [2.0] * 16
+    finally:
+        stop_server(second)
+
+
 def _slow_repo(tmp_path: Path) -> Path:
     repo = tmp_path / "slow_repo"
     shutil.copytree(Path(__file__).parents[1] / "assets/python_models/slow", repo / "slow")
