@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -11,8 +12,9 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -964,6 +966,27 @@ def test_a_gateway_that_cannot_bind_its_shared_port_says_so_in_one_line(redis_ur
     assert "Traceback" not in output and len(output.strip().splitlines()) == 1, output
 
 
+@contextlib.contextmanager
+def _serving_on_own_redis(
+    model_repository: Path, tmp_path: Path, *flags: str
+) -> Iterator[tuple[Any, subprocess.Popen[bytes]]]:
+    """``sluice serve`` with ``flags`` on a private redis-server of the test's own (which
+    the test may stop with SIGSTOP): (server, redis process). Both are gone afterwards."""
+    process, url = start_private_redis()
+    server = None
+    try:
+        server = start_server(
+            _small_repo(model_repository, tmp_path, False), url, tmp_path / "serve.log", *flags
+        )
+        yield server, process
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+        process.terminate()
+        process.wait(10)
+        if server is not None and server.process.poll() is None:
+            server.process.kill()
+
+
 def test_sigterm_while_redis_is_stalled_exits_by_the_exit_deadline(
     model_repository, tmp_path
 ) -> None:
@@ -971,16 +994,10 @@ def test_sigterm_while_redis_is_stalled_exits_by_the_exit_deadline(
     up the exit: SIGTERM stops the gateways at once, and what is left is killed and
     ``sluice serve`` exits 1 the exit timeout and EXIT_GRACE_S after the signal (it had
     waited in Redis calls with a 30 s socket timeout: still running 45 s later)."""
-    process, url = start_private_redis()
-    server = None
-    try:
-        server = start_server(
-            _small_repo(model_repository, tmp_path, False),
-            url,
-            tmp_path / "serve.log",
-            "--exit-timeout-secs",
-            "2",
-        )
+    with _serving_on_own_redis(model_repository, tmp_path, "--exit-timeout-secs", "2") as (
+        server,
+        process,
+    ):
         descendants = children_of(server.process.pid)
         for pid in list(descendants):
             descendants += children_of(pid)
@@ -997,12 +1014,6 @@ def test_sigterm_while_redis_is_stalled_exits_by_the_exit_deadline(
             time.sleep(0.05)
         assert not [pid for pid in descendants if _alive(pid)], server.log()
         assert "the shutdown did not finish within the exit timeout" in server.log()
-    finally:
-        os.kill(process.pid, signal.SIGCONT)
-        process.terminate()
-        process.wait(10)
-        if server is not None and server.process.poll() is None:
-            server.process.kill()
 
 
 def _infer_error(call: Callable[[], object]) -> tuple[str, float]:
@@ -1020,16 +1031,10 @@ def test_requests_arriving_while_redis_is_stalled_end_at_their_deadline(
     the gateway must read Redis) gets "Request timeout expired" at its deadline over
     HTTP and gRPC, not after the 15 s socket timeout or once Redis answers again (it
     had been run and answered 200 after 12 s with a 3 s request timeout)."""
-    process, url = start_private_redis()
-    server = None
-    try:
-        server = start_server(
-            _small_repo(model_repository, tmp_path, False),
-            url,
-            tmp_path / "serve.log",
-            "--request-timeout-secs",
-            "2",
-        )
+    with _serving_on_own_redis(model_repository, tmp_path, "--request-timeout-secs", "2") as (
+        server,
+        process,
+    ):
         client = httpclient.InferenceServerClient(server.http_url, network_timeout=30)
         grpc = grpcclient.InferenceServerClient(server.grpc_url)
         a = np.ones((1, 16), np.float32)
@@ -1050,12 +1055,6 @@ def test_requests_arriving_while_redis_is_stalled_end_at_their_deadline(
         client.close()
         grpc.close()
         assert stop_server(server) == 0
-    finally:
-        os.kill(process.pid, signal.SIGCONT)
-        process.terminate()
-        process.wait(10)
-        if server is not None and server.process.poll() is None:
-            server.process.kill()
 
 
 def test_a_redis_that_lost_its_data_gives_503_not_404_until_republished(
