@@ -201,7 +201,9 @@ class InstanceLoop:
                     self.stopping.wait(backoff_s)
                     backoff_s = min(backoff_s * 2, REDIS_RETRY_MAX_S)
                 except redis.exceptions.ResponseError as exc:
-                    if "NOGROUP" not in str(exc):
+                    # NOGROUP: the group is gone; UNBLOCKED: the stream was deleted under a
+                    # blocked read (FLUSHALL, a restart without data as seen by a live read)
+                    if not str(exc).startswith(("NOGROUP", "UNBLOCKED")):
                         raise
                     logger.warning(
                         "model '%s': consumer group missing (Redis lost its data?); "

@@ -328,6 +328,14 @@ class Supervisor:
         try:
             commands = read_commands(self.client, stream, WATCH_MS)
         except redis.exceptions.RedisError as exc:
+            if isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith(
+                ("NOGROUP", "UNBLOCKED")
+            ):
+                # the control stream went with Redis's data (FLUSHALL, a restart without
+                # it): not an outage; the group is created again (the state within 1 s)
+                with contextlib.suppress(redis.exceptions.RedisError):
+                    ensure_control_group(self.client, stream)
+                return
             self._control_outage.failed(exc)
             time.sleep(WATCH_MS / 1000)
             return

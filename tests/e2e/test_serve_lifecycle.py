@@ -1098,3 +1098,34 @@ def test_a_redis_that_lost_its_data_gives_503_not_404_until_republished(
     finally:
         client.close()
         stop_server(server)
+
+
+def test_instances_outlive_a_flushall_under_their_blocked_reads(model_repository, tmp_path) -> None:
+    """A FLUSHALL deletes the stream under an idle instance's blocked read (Redis answers it
+    ``UNBLOCKED the stream key no longer exists``): the instance creates its group again
+    and goes on, as for NOGROUP; it had exited with a traceback and, restarted before the
+    models were published again, failed to load, its restarts backing off further each
+    time."""
+    with _serving_on_own_redis(model_repository, tmp_path) as (server, _):
+        client = httpclient.InferenceServerClient(server.http_url)
+        a = np.ones((1, 16), np.float32)
+        broker = redis.Redis.from_url(server.redis_url)
+        for _ in range(3):
+            assert client.infer("add_sub", _add_sub(a, a)).as_numpy("OUTPUT0")[0, 0] == 2
+            time.sleep(0.5)  # the instance blocks in its read again
+            broker.flushall()
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    out = client.infer("add_sub", _add_sub(a, a))
+                    break
+                except InferenceServerException as exc:
+                    assert time.monotonic() < deadline, str(exc)
+                    time.sleep(0.1)
+            assert out.as_numpy("OUTPUT0")[0, 0] == 2
+        log = server.log()
+        assert "exited with code" not in log, log
+        assert "UNBLOCKED" not in log, log
+        broker.close()
+        client.close()
+        assert stop_server(server) == 0
