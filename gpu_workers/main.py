@@ -10,10 +10,12 @@ bounded by the supervisor's kill deadline).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from threading import Event
@@ -172,13 +174,17 @@ def main(argv: list[str] | None = None) -> int:
             loop.stop_requested_ns = time.time_ns()
         loop.stopping.set()
 
+    def terminate(signum: int, frame: FrameType | None) -> None:
+        stop(signum, frame)
+        _arm_exit_deadline(args.drain_timeout_secs + EXIT_GRACE_S)
+
     def hand_over(signum: int, frame: FrameType | None) -> None:
         logger.info("signal %d: a newer instance takes over; finishing what is held", signum)
         loop.handing_over = True
         stop(signum, frame)
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGINT, terminate)
     signal.signal(HAND_OVER_SIGNAL, hand_over)
     report("READY")
     liveness.start()
@@ -227,6 +233,34 @@ def log_load_failure(instance: str, model: str, exc: BaseException) -> None:
     logger.error(
         "instance %s of model '%s' failed to load: %s", instance, model, reason, exc_info=shown
     )
+
+
+#: an instance told to stop exits by itself this long after its drain timeout, in s.
+EXIT_GRACE_S = 3.0
+_exit_deadline: list[threading.Thread] = []
+
+
+def _arm_exit_deadline(limit_s: float) -> None:
+    """Start, once, a thread that ends the process ``limit_s`` s from now if it is still
+    running: a drain held in calls to a Redis that answers nothing (stopped) would
+    otherwise keep it for the client's 30 s socket timeout and more, also after its
+    ``sluice serve`` was killed (nobody left to kill it). What it held stays pending in
+    Redis, for another instance to claim."""
+    if _exit_deadline:
+        return
+
+    def enforce() -> None:
+        time.sleep(limit_s)
+        logger.error(
+            "still stopping %.0f s after the signal (Redis not answering?): exiting", limit_s
+        )
+        for handler in logging.getLogger().handlers:
+            with contextlib.suppress(Exception):
+                handler.flush()
+        os._exit(1)
+
+    _exit_deadline.append(threading.Thread(target=enforce, name="exit-deadline", daemon=True))
+    _exit_deadline[0].start()
 
 
 def _await_publication(store: ModelStore, args: argparse.Namespace, stopping: Event) -> bool:

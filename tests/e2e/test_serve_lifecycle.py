@@ -1129,3 +1129,27 @@ def test_instances_outlive_a_flushall_under_their_blocked_reads(model_repository
         broker.close()
         client.close()
         assert stop_server(server) == 0
+
+
+def test_instances_of_a_killed_serve_exit_while_redis_is_stalled(
+    model_repository, tmp_path
+) -> None:
+    """``sluice serve`` SIGKILLed while Redis answers nothing: its instances (told to stop
+    as their parent dies) exit by their own deadline, the drain timeout and 3 s after,
+    though their drain waits in Redis calls (they had lived on until Redis answered)."""
+    with _serving_on_own_redis(model_repository, tmp_path, "--exit-timeout-secs", "2") as (
+        server,
+        process,
+    ):
+        descendants = children_of(server.process.pid)
+        for pid in list(descendants):
+            descendants += children_of(pid)
+        assert len(descendants) >= 2
+        os.kill(process.pid, signal.SIGSTOP)
+        time.sleep(0.3)
+        server.process.kill()
+        server.process.wait(10)
+        deadline = time.monotonic() + 1.5 + 3 + 4  # drain timeout 1.5 s, the grace, slack
+        while any(_alive(pid) for pid in descendants) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in descendants if _alive(pid)], server.log()
