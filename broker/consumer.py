@@ -207,15 +207,21 @@ class StreamConsumer:
         if not defer:
             self.flush()  # kept for the next read or flush if Redis cannot be reached
 
-    def send_replies(self, responses: Sequence[tuple[str, InferResponseMessage]]) -> None:
-        """Push each ``(reply_key, response)`` now (:meth:`send_ahead`), before the
-        execution's bookkeeping: its :meth:`finish` follows with no responses.
+    def send_replies(
+        self,
+        responses: Sequence[tuple[str, InferResponseMessage]],
+        then: Sequence[tuple[object, ...]] = (),
+    ) -> None:
+        """Push each ``(reply_key, response)`` now (:meth:`send_ahead`), followed in the
+        same write by the plain commands ``then`` (the statistics that count them), before
+        the execution's other bookkeeping: its :meth:`finish` follows with no responses.
 
         Raises:
             redis.exceptions.RedisError: Redis unreachable (the commands are kept).
         """
-        if responses:
-            self.send_ahead(_pushes(responses))
+        commands = [*_pushes(responses), *then]
+        if commands:
+            self.send_ahead(commands)
 
     def send_ahead(self, commands: Sequence[tuple[object, ...]]) -> None:
         """Send plain ``commands`` now without waiting for Redis's reply (read with the

@@ -572,23 +572,19 @@ class InstanceLoop:
             failures.append((item, "REJECTED"))
         if late:
             successes = [(i, h) for i, h in successes if h.delivery.message.deadline_ns > done]
-        # the answers leave now; the acknowledgements and statistics with the next read
-        self._consumer.send_replies(
-            [(h.delivery.message.reply_to, a) for h, a in zip(held, answers, strict=True)]
-        )
         times = ExecutionTimes(input_done - start, infer_done - input_done, done - infer_done)
         executed_size = sum(h.batch_size if h.batch_size > 1 else 1 for h in held)
         for index in decode_errors:
             executed_size -= max(1, held[index].batch_size)
 
         delta = StatsDelta()
+        request_us: list[int] = []
+        queue_us: list[int] = []
         if successes:
             # Triton's backends report an execution's batch statistics (execution_count,
             # batch_stats) unless every response of it failed (onnxruntime_backend)
             delta.execution(executed_size, times)
             # each request's durations, in ns and µs (a gateway's clock may run ahead)
-            request_us: list[int] = []
-            queue_us: list[int] = []
             request_ns = queue_ns = inferences = 0
             for _, item in successes:
                 enqueued = item.delivery.message.enqueued_ns
@@ -607,26 +603,32 @@ class InstanceLoop:
                 times=times,
                 now_ms=done // 1_000_000,
             )
-            if self._latencies is not None:
-                self._latencies.observe_batch(
-                    request_us,
-                    queue_us,
-                    (
-                        times.compute_input_ns // 1000,
-                        times.compute_infer_ns // 1000,
-                        times.compute_output_ns // 1000,
-                    ),
-                    done,
-                )
-                self._consumer.defer(self._latencies.flush(done))
         for item, reason in failures:
             delta.failure(request_ns=done - item.delivery.message.enqueued_ns, reason=reason)
+        # The answers leave now, followed in the same write by the statistics that count
+        # them (a client that reads the statistics as soon as it has its answer finds it
+        # counted; sent with the next read, a preempted instance had left that window open
+        # for milliseconds); the acknowledgements go with the next read.
+        self._consumer.send_replies(
+            [(h.delivery.message.reply_to, a) for h, a in zip(held, answers, strict=True)],
+            self._stats.apply(delta) if self._stats is not None else (),
+        )
+        if successes and self._latencies is not None:
+            self._latencies.observe_batch(
+                request_us,
+                queue_us,
+                (
+                    times.compute_input_ns // 1000,
+                    times.compute_infer_ns // 1000,
+                    times.compute_output_ns // 1000,
+                ),
+                done,
+            )
+            self._consumer.defer(self._latencies.flush(done))
 
         self._consumer.finish(
             [],
             [h.delivery for h in held],
-            self._stats,
-            delta,
             defer=True,  # sent with the read that follows at once (one round trip)
         )
 

@@ -266,3 +266,54 @@ def test_entries_a_lost_read_delivered_are_taken_back_after_the_connection_drops
         client.delete(stream, reply)
         client.close()
         test.close()
+
+
+def test_the_statistics_that_count_a_batch_leave_with_its_answers(
+    redis_url: str, key_prefix: str
+) -> None:
+    """An executed batch's answers and the statistics that count them go out in one write,
+    before the instance reads again (the acknowledgements wait for that read): a client
+    that reads the statistics once it has its answer finds it counted. With the
+    statistics sent only with the next read, a preempted instance had left them out for
+    milliseconds (a flaky ``test_http_load_and_unload`` in CI)."""
+    client = redis.Redis.from_url(redis_url, protocol=2, socket_timeout=5)
+    config = text_format.Parse(CONFIG, ModelConfig())
+    keys = KeySchema(key_prefix)
+    layout = StreamLayout(keys, "m", 1, scheduling_policy(config))
+    stream, reply = layout.stream(0), f"{key_prefix}reply:g"
+    shard = open_stats_shard(client, keys, "m", 1, "instance-0")
+    start = time.time_ns()
+    now = [start]
+    consumer = StreamConsumer(client, layout.streams(), "instance-0")
+    consumer.ensure_groups()
+    backend = _Recorder()
+    loop = InstanceLoop(
+        consumer,
+        backend,  # type: ignore[arg-type]
+        layout,
+        ShapeKeys(config),
+        output_datatypes(config),
+        shard,
+        batching=True,
+        clock=lambda: now[0],
+    )
+    try:
+        client.xadd(stream, {PAYLOAD_FIELD: encode_request(_request(1, start, reply))})
+        loop.step()  # reads it: the window opens
+        now[0] = start + WINDOW_NS + 1
+        loop.step()  # executes it and sends the answer; no read follows yet
+        assert backend.batches == [["r1"]]
+        deadline = time.monotonic() + 5
+        while not client.llen(reply):
+            assert time.monotonic() < deadline, "no answer"
+            time.sleep(0.001)
+        stats = asyncio.run(_read_stats(redis_url, keys))
+        assert (stats["success_count"], stats["inference_count"]) == (1, 1)
+        assert stats["execution_count"] == 1
+        assert int(client.xpending(stream, WORKER_GROUP)["pending"]) == 1  # acked later
+        consumer.flush()
+        assert int(client.xpending(stream, WORKER_GROUP)["pending"]) == 0
+    finally:
+        consumer.close()
+        client.delete(stream, reply, shard.key, shard.registry)
+        client.close()
