@@ -10,12 +10,10 @@ bounded by the supervisor's kill deadline).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from threading import Event
@@ -38,7 +36,12 @@ from gpu_workers.backends.registry import backend_class
 from gpu_workers.classification import read_labels
 from gpu_workers.liveness import Liveness
 from gpu_workers.loop import DRAIN_LIMIT_NS, InstanceLoop, output_datatypes
-from gpu_workers.processes import HAND_OVER_SIGNAL, triton_instance_name
+from gpu_workers.processes import (
+    EXIT_GRACE_S,
+    HAND_OVER_SIGNAL,
+    exit_deadline,
+    triton_instance_name,
+)
 from gpu_workers.pulse import Pulse
 from gpu_workers.warmup import run_warmup
 
@@ -174,9 +177,21 @@ def main(argv: list[str] | None = None) -> int:
             loop.stop_requested_ns = time.time_ns()
         loop.stopping.set()
 
+    deadline: list[object] = []
+
     def terminate(signum: int, frame: FrameType | None) -> None:
         stop(signum, frame)
-        _arm_exit_deadline(args.drain_timeout_secs + EXIT_GRACE_S)
+        if not deadline:
+            # a drain held in calls to a Redis that answers nothing would keep the process
+            # for the 30 s socket timeout and more, also after its sluice serve was killed
+            # (nobody left to kill it); what it holds stays pending for another instance
+            limit_s = args.drain_timeout_secs + EXIT_GRACE_S
+            deadline.append(
+                exit_deadline(
+                    limit_s, f"still stopping {limit_s:.0f} s after the signal (Redis not "
+                    "answering?): exiting"
+                )
+            )  # fmt: skip
 
     def hand_over(signum: int, frame: FrameType | None) -> None:
         logger.info("signal %d: a newer instance takes over; finishing what is held", signum)
@@ -235,32 +250,6 @@ def log_load_failure(instance: str, model: str, exc: BaseException) -> None:
     )
 
 
-#: an instance told to stop exits by itself this long after its drain timeout, in s.
-EXIT_GRACE_S = 3.0
-_exit_deadline: list[threading.Thread] = []
-
-
-def _arm_exit_deadline(limit_s: float) -> None:
-    """Start, once, a thread that ends the process ``limit_s`` s from now if it is still
-    running: a drain held in calls to a Redis that answers nothing (stopped) would
-    otherwise keep it for the client's 30 s socket timeout and more, also after its
-    ``sluice serve`` was killed (nobody left to kill it). What it held stays pending in
-    Redis, for another instance to claim."""
-    if _exit_deadline:
-        return
-
-    def enforce() -> None:
-        time.sleep(limit_s)
-        logger.error(
-            "still stopping %.0f s after the signal (Redis not answering?): exiting", limit_s
-        )
-        for handler in logging.getLogger().handlers:
-            with contextlib.suppress(Exception):
-                handler.flush()
-        os._exit(1)
-
-    _exit_deadline.append(threading.Thread(target=enforce, name="exit-deadline", daemon=True))
-    _exit_deadline[0].start()
 
 
 def _await_publication(store: ModelStore, args: argparse.Namespace, stopping: Event) -> bool:

@@ -39,7 +39,7 @@ from broker.outage import OutageLog
 from broker.redis_server import restart_private_redis
 from gpu_workers.deployment_lease import DeploymentLease
 from gpu_workers.model_manager import LoadError, ManagerOptions, ModelManager
-from gpu_workers.processes import Spawner, terminate
+from gpu_workers.processes import EXIT_GRACE_S, Spawner, exit_deadline, terminate
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +53,6 @@ INSTANCE_SETTLED_S = 10.0
 STATE_CHECK_S = 1.0
 #: consecutive failed starts of one gateway after which ``sluice serve`` gives up.
 GATEWAY_START_ATTEMPTS = 3
-#: the exit deadline: ``sluice serve`` kills what is left this long after the exit timeout, in s.
-EXIT_GRACE_S = 3.0
 
 
 class GatewayStartError(RuntimeError):
@@ -403,21 +401,17 @@ class Supervisor:
         timeout."""
         if self._exit_deadline is not None:
             return
-        limit_s = self.options.exit_timeout_s + EXIT_GRACE_S
-        self._exit_deadline = threading.Thread(
-            target=self._enforce_exit, args=(limit_s,), name="sluice-exit-deadline", daemon=True
+        self._exit_deadline = exit_deadline(
+            self.options.exit_timeout_s + EXIT_GRACE_S,
+            f"the shutdown did not finish within the exit timeout "
+            f"({self.options.exit_timeout_s:.0f} s) and {EXIT_GRACE_S:.0f} s more (Redis not "
+            "answering?): killing what is left and exiting",
+            self._kill_what_is_left,
+            self._shutdown_done,
         )
-        self._exit_deadline.start()
 
-    def _enforce_exit(self, limit_s: float) -> None:
-        if self._shutdown_done.wait(limit_s):
-            return
-        logger.error(
-            "the shutdown did not finish within the exit timeout (%.0f s) and %.0f s more "
-            "(Redis not answering?): killing what is left and exiting",
-            self.options.exit_timeout_s,
-            EXIT_GRACE_S,
-        )
+    def _kill_what_is_left(self) -> None:
+        """SIGKILL the gateways, the instances and the private redis-server still running."""
         processes = [g for g in self.gateways if g is not None]
         processes += [i.process for i in list(self.manager.instances()) if i.process]
         if self.private_redis is not None:
@@ -426,10 +420,6 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 if process.poll() is None:
                     process.kill()
-        for handler in logging.getLogger().handlers:
-            with contextlib.suppress(Exception):
-                handler.flush()
-        os._exit(1)
 
     def shutdown(self) -> None:
         """Stop the gateways taking requests, drain every instance, then wait for the gateways.

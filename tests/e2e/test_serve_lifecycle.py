@@ -34,7 +34,7 @@ from e2e_support import (
 from tritonclient.utils import InferenceServerException
 
 from broker.redis_server import delete_prefix, free_port, start_private_redis
-from gpu_workers.supervisor import EXIT_GRACE_S
+from gpu_workers.processes import EXIT_GRACE_S
 
 pytestmark = pytest.mark.e2e
 
@@ -90,24 +90,32 @@ def test_ctrl_c_stops_every_process(model_repository, redis_url, tmp_path) -> No
     started = time.monotonic()
     assert stop_server(server) == 0, server.log()
     assert time.monotonic() - started < 20
-    deadline = time.monotonic() + 5
-    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+    assert not _left_alive(children, 5), server.log()
+
+
+def _left_alive(pids: list[int], within_s: float) -> list[int]:
+    """Those of ``pids`` still alive after waiting up to ``within_s`` s for all to exit."""
+    deadline = time.monotonic() + within_s
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not [pid for pid in children if _alive(pid)], server.log()
+    return [pid for pid in pids if _alive(pid)]
+
+
+def _descendants(pid: int) -> list[int]:
+    """``pid``'s children and theirs (the instances' heartbeat processes)."""
+    found = children_of(pid)
+    for child in list(found):
+        found += children_of(child)
+    return found
 
 
 def _ctrl_c_leaves_nothing(server) -> None:
     """SIGINT to the server's process group, as a terminal's Ctrl-C: it exits 0 within 30
     s and every process it had started (children and theirs) is gone within 5 s more."""
-    descendants = children_of(server.process.pid)
-    for pid in list(descendants):
-        descendants += children_of(pid)
+    descendants = _descendants(server.process.pid)
     os.killpg(server.process.pid, signal.SIGINT)
     assert server.process.wait(30) == 0, server.log()
-    deadline = time.monotonic() + 5
-    while any(_alive(pid) for pid in descendants) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [pid for pid in descendants if _alive(pid)], server.log()
+    assert not _left_alive(descendants, 5), server.log()
 
 
 def test_ctrl_c_to_the_process_group_stops_everything_without_restarts(
@@ -998,9 +1006,7 @@ def test_sigterm_while_redis_is_stalled_exits_by_the_exit_deadline(
         server,
         process,
     ):
-        descendants = children_of(server.process.pid)
-        for pid in list(descendants):
-            descendants += children_of(pid)
+        descendants = _descendants(server.process.pid)
         assert descendants
         os.kill(process.pid, signal.SIGSTOP)
         time.sleep(0.5)
@@ -1009,10 +1015,7 @@ def test_sigterm_while_redis_is_stalled_exits_by_the_exit_deadline(
         assert server.process.wait(2 + EXIT_GRACE_S + 5) == 1, server.log()
         took = time.monotonic() - started
         assert 2 <= took < 2 + EXIT_GRACE_S + 2, took
-        deadline = time.monotonic() + 5
-        while any(_alive(pid) for pid in descendants) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not [pid for pid in descendants if _alive(pid)], server.log()
+        assert not _left_alive(descendants, 5), server.log()
         assert "the shutdown did not finish within the exit timeout" in server.log()
 
 
@@ -1141,15 +1144,11 @@ def test_instances_of_a_killed_serve_exit_while_redis_is_stalled(
         server,
         process,
     ):
-        descendants = children_of(server.process.pid)
-        for pid in list(descendants):
-            descendants += children_of(pid)
+        descendants = _descendants(server.process.pid)
         assert len(descendants) >= 2
         os.kill(process.pid, signal.SIGSTOP)
         time.sleep(0.3)
         server.process.kill()
         server.process.wait(10)
-        deadline = time.monotonic() + 1.5 + 3 + 4  # drain timeout 1.5 s, the grace, slack
-        while any(_alive(pid) for pid in descendants) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not [pid for pid in descendants if _alive(pid)], server.log()
+        # the drain timeout (1.5 s), the grace, slack
+        assert not _left_alive(descendants, 1.5 + EXIT_GRACE_S + 4), server.log()

@@ -20,7 +20,7 @@ from broker.keys import WORKER_GROUP, KeySchema
 from broker.messages import InferRequestMessage, WireTensor
 from broker.producer import PAYLOAD_FIELD
 from broker.scheduling import ShapeKeys, StreamLayout, scheduling_policy
-from broker.stats_store import open_stats_shard, read_stats
+from broker.stats_store import StatsShard, open_stats_shard, read_stats
 from gpu_workers.backends.base import InferRequest, InferResponse
 from gpu_workers.loop import InstanceLoop, output_datatypes
 
@@ -152,23 +152,16 @@ class _Slow(_Recorder):
         return super().execute(requests)
 
 
-def test_a_request_whose_deadline_passes_during_execution_is_a_timeout_not_a_success(
-    redis_url: str, key_prefix: str
-) -> None:
-    """The gateway answered "Request timeout expired" when the deadline passed; the
-    instance answers and counts it the same way (a failure, reason REJECTED) instead of
-    counting a success nobody received. Its batch mate, still in time, succeeds."""
-    client = redis.Redis.from_url(redis_url, protocol=2, socket_timeout=5)
+def _counted_loop(
+    client: redis.Redis, keys: KeySchema, backend: object, now: list[int]
+) -> tuple[InstanceLoop, StreamConsumer, str, StatsShard]:
+    """An instance of model "m" (:data:`CONFIG`) on its stream, with a statistics shard,
+    on the clock ``now[0]``: (loop, consumer, stream, shard)."""
     config = text_format.Parse(CONFIG, ModelConfig())
-    layout = StreamLayout(KeySchema(key_prefix), "m", 1, scheduling_policy(config))
-    stream, reply = layout.stream(0), f"{key_prefix}reply:g"
-    keys = KeySchema(key_prefix)
+    layout = StreamLayout(keys, "m", 1, scheduling_policy(config))
     shard = open_stats_shard(client, keys, "m", 1, "instance-0")
-    start = time.time_ns()
-    now = [start]
     consumer = StreamConsumer(client, layout.streams(), "instance-0")
     consumer.ensure_groups()
-    backend = _Slow(now, until=start + WINDOW_NS + 10_000_000)
     loop = InstanceLoop(
         consumer,
         backend,  # type: ignore[arg-type]
@@ -179,6 +172,22 @@ def test_a_request_whose_deadline_passes_during_execution_is_a_timeout_not_a_suc
         batching=True,
         clock=lambda: now[0],
     )
+    return loop, consumer, layout.stream(0), shard
+
+
+def test_a_request_whose_deadline_passes_during_execution_is_a_timeout_not_a_success(
+    redis_url: str, key_prefix: str
+) -> None:
+    """The gateway answered "Request timeout expired" when the deadline passed; the
+    instance answers and counts it the same way (a failure, reason REJECTED) instead of
+    counting a success nobody received. Its batch mate, still in time, succeeds."""
+    client = redis.Redis.from_url(redis_url, protocol=2, socket_timeout=5)
+    keys = KeySchema(key_prefix)
+    start = time.time_ns()
+    now = [start]
+    backend = _Slow(now, until=start + WINDOW_NS + 10_000_000)
+    loop, consumer, stream, shard = _counted_loop(client, keys, backend, now)
+    reply = f"{key_prefix}reply:g"
     try:
         late = _request(1, start, reply, deadline_ns=start + WINDOW_NS + 5_000_000)
         for message in (late, _request(2, start, reply)):
@@ -277,26 +286,12 @@ def test_the_statistics_that_count_a_batch_leave_with_its_answers(
     statistics sent only with the next read, a preempted instance had left them out for
     milliseconds (a flaky ``test_http_load_and_unload`` in CI)."""
     client = redis.Redis.from_url(redis_url, protocol=2, socket_timeout=5)
-    config = text_format.Parse(CONFIG, ModelConfig())
     keys = KeySchema(key_prefix)
-    layout = StreamLayout(keys, "m", 1, scheduling_policy(config))
-    stream, reply = layout.stream(0), f"{key_prefix}reply:g"
-    shard = open_stats_shard(client, keys, "m", 1, "instance-0")
     start = time.time_ns()
     now = [start]
-    consumer = StreamConsumer(client, layout.streams(), "instance-0")
-    consumer.ensure_groups()
     backend = _Recorder()
-    loop = InstanceLoop(
-        consumer,
-        backend,  # type: ignore[arg-type]
-        layout,
-        ShapeKeys(config),
-        output_datatypes(config),
-        shard,
-        batching=True,
-        clock=lambda: now[0],
-    )
+    loop, consumer, stream, shard = _counted_loop(client, keys, backend, now)
+    reply = f"{key_prefix}reply:g"
     try:
         client.xadd(stream, {PAYLOAD_FIELD: encode_request(_request(1, start, reply))})
         loop.step()  # reads it: the window opens
