@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+import redis.exceptions
+
 
 class ErrorCode(StrEnum):
     """Triton's error kinds (``TRITONSERVER_Error_Code``), by name."""
@@ -66,3 +68,12 @@ def not_found(message: str, *, model: str | None = None) -> SluiceError:
 def unavailable(message: str, *, model: str | None = None) -> SluiceError:
     """Shorthand for an UNAVAILABLE error (HTTP 503, gRPC UNAVAILABLE)."""
     return SluiceError(ErrorCode.UNAVAILABLE, message, model=model)
+
+
+def stream_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis's answer to a stream read whose consumer group (``NOGROUP``)
+    or stream (``UNBLOCKED``: deleted under a blocked read) no longer exists: Redis lost
+    its data (FLUSHALL, a restart without it), and the group is to be created again."""
+    return isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith(
+        ("NOGROUP", "UNBLOCKED")
+    )

@@ -26,7 +26,7 @@ import redis.exceptions
 from batching import Batch, DynamicBatcher, Pending, Rejected
 from broker.consumer import Delivery, StreamConsumer
 from broker.datatypes import config_to_protocol, serialize_bytes, to_numpy
-from broker.errors import SluiceError
+from broker.errors import SluiceError, stream_gone
 from broker.latency_window import LatencyRecorder
 from broker.messages import (
     ErrorInfo,
@@ -201,9 +201,7 @@ class InstanceLoop:
                     self.stopping.wait(backoff_s)
                     backoff_s = min(backoff_s * 2, REDIS_RETRY_MAX_S)
                 except redis.exceptions.ResponseError as exc:
-                    # NOGROUP: the group is gone; UNBLOCKED: the stream was deleted under a
-                    # blocked read (FLUSHALL, a restart without data as seen by a live read)
-                    if not str(exc).startswith(("NOGROUP", "UNBLOCKED")):
+                    if not stream_gone(exc):
                         raise
                     logger.warning(
                         "model '%s': consumer group missing (Redis lost its data?); "

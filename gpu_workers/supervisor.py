@@ -31,7 +31,7 @@ from broker.control import (
     ensure_control_group,
     read_commands,
 )
-from broker.errors import ErrorCode, SluiceError
+from broker.errors import ErrorCode, SluiceError, stream_gone
 from broker.keys import KeySchema
 from broker.messages import ErrorInfo
 from broker.model_store import ModelStore
@@ -326,9 +326,7 @@ class Supervisor:
         try:
             commands = read_commands(self.client, stream, WATCH_MS)
         except redis.exceptions.RedisError as exc:
-            if isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith(
-                ("NOGROUP", "UNBLOCKED")
-            ):
+            if stream_gone(exc):
                 # the control stream went with Redis's data (FLUSHALL, a restart without
                 # it): not an outage; the group is created again (the state within 1 s)
                 with contextlib.suppress(redis.exceptions.RedisError):
