@@ -427,6 +427,11 @@ class DataPlane:
         client's socket timeout, 15 s). The caller takes the wait off the request's
         timeout (:meth:`submit` ``waited_ns``).
 
+        A model Redis does not know is answered 503 / UNAVAILABLE while the server's own
+        record is missing too (Redis lost its data; the models are being published
+        again), and read once more when that record is there (the republish may have
+        finished between the two reads) before the 404.
+
         Raises:
             SluiceError: UNAVAILABLE "Server is shutting down" or "Request timeout
                 expired", or what :meth:`ModelRegistry.resolve` raises.
@@ -436,14 +441,9 @@ class DataPlane:
         view = self.registry.cached(model)
         if view is not None:
             return view, view.resolve(version)
+        deadline_ns = time.monotonic_ns() + self._timeout_ns
         try:
-            return await asyncio.wait_for(
-                self.registry.resolve(model, version), self._timeout_ns / 1e9
-            )
-        except TimeoutError:
-            raise SluiceError(
-                ErrorCode.UNAVAILABLE, "Request timeout expired", model=model
-            ) from None
+            return await self._read_view(model, version, False, deadline_ns)
         except SluiceError as exc:
             if exc.code is not ErrorCode.NOT_FOUND:
                 raise
@@ -462,7 +462,31 @@ class DataPlane:
                     "again",
                     model=model,
                 ) from None
+            if facts:
+                # the server record is there: the model may have been published again
+                # (after Redis lost its data) between the read above and this one, the
+                # server record being the republish's last write; read it once more
+                return await self._read_view(model, version, True, deadline_ns)
             raise
+
+    async def _read_view(
+        self, model: str, version: int | None, fresh: bool, deadline_ns: int
+    ) -> tuple[ModelView, int]:
+        """:meth:`ModelRegistry.resolve` by ``deadline_ns`` (``time.monotonic_ns``).
+
+        Raises:
+            SluiceError: UNAVAILABLE "Request timeout expired", or what
+                :meth:`ModelRegistry.resolve` raises.
+        """
+        try:
+            return await asyncio.wait_for(
+                self.registry.resolve(model, version, fresh),
+                max(0.0, (deadline_ns - time.monotonic_ns()) / 1e9),
+            )
+        except TimeoutError:
+            raise SluiceError(
+                ErrorCode.UNAVAILABLE, "Request timeout expired", model=model
+            ) from None
 
     async def _server_facts(self) -> dict[str, str] | None:
         """The supervisor's server-wide facts; None when Redis cannot say."""

@@ -10,10 +10,13 @@ import redis.asyncio
 from google.protobuf import json_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
+from api.app import build_dataplane
 from api.models import ModelRegistry
+from api.settings import GatewaySettings
 from broker.errors import SluiceError
 from broker.keys import KeySchema
 from broker.model_store import AsyncModelStore, ModelRecord, ModelState, ModelStore, VersionState
+from broker.settings import RedisSettings
 
 
 class _CountingStore(AsyncModelStore):
@@ -104,3 +107,58 @@ def test_unknown_model_is_not_found(redis_url: str, key_prefix: str) -> None:
             await client.aclose()
 
     asyncio.run(scenario())
+
+
+class _RepublishedBetweenReads(AsyncModelStore):
+    """The real store; the first time the server's facts are read, the state a Redis that
+    lost its data had lost is published again first (config, READY version, then the
+    server record, as ``ModelManager.republish`` and the supervisor write them), as when
+    the republish finishes between a gateway's model read and its facts read."""
+
+    def __init__(self, client: redis.asyncio.Redis, keys: KeySchema, sync: redis.Redis) -> None:
+        super().__init__(client, keys)
+        self._sync = ModelStore(sync, keys)
+        self.republished = False
+
+    async def server(self) -> dict[str, str]:
+        if not self.republished:
+            self.republished = True
+            config = ModelConfig(name="m", platform="onnxruntime_onnx", max_batch_size=4)
+            self._sync.publish_config("m", json_format.MessageToJson(config))
+            self._sync.set_state("m", 1, VersionState(ModelState.READY))
+            self._sync.set_server(startup="done")
+        return await super().server()
+
+
+def test_a_model_published_again_between_the_two_reads_is_served_not_404(
+    redis_url: str, key_prefix: str
+) -> None:
+    """After Redis lost its data, a request read the model (gone) and then the server
+    record, which the republish had written back in between: it was answered 404 for a
+    model that was there again (a fresh-user report: one gRPC 404 about a second after a
+    FLUSHALL under load). It reads the model once more and runs; a model that is really
+    unknown still gets the 404."""
+    keys = KeySchema(key_prefix)
+    sync = redis.Redis.from_url(redis_url)
+
+    async def scenario() -> tuple[str, int, str]:
+        client = redis.asyncio.Redis.from_url(redis_url, protocol=2)
+        settings = GatewaySettings(redis=RedisSettings(url=redis_url, key_prefix=key_prefix))
+        dp = build_dataplane(settings, client)
+        store = _RepublishedBetweenReads(client, keys, sync)
+        dp.registry = ModelRegistry(store, settings.model_cache_s)
+        try:
+            view, version = await dp.resolve_for_infer("m", None)
+            assert store.republished
+            with pytest.raises(SluiceError) as unknown:
+                await dp.resolve_for_infer("ghost", None)
+            return view.name, version, unknown.value.message
+        finally:
+            await client.aclose()
+
+    try:
+        name, version, unknown = asyncio.run(scenario())
+    finally:
+        sync.close()
+    assert (name, version) == ("m", 1)
+    assert unknown == "Request for unknown model: 'ghost' is not found"
