@@ -9,13 +9,15 @@ Flag names are Triton's where Triton has the flag (``--model-repository``,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
 import socket
 import sys
+import threading
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pydantic
 import redis.exceptions
@@ -23,6 +25,7 @@ import redis.exceptions
 from api.frontend_flags import add_frontend_arguments, forward_frontend_arguments
 from api.gateway import _bool, add_gateway_arguments, check_access_specs, settings_from_args
 from gpu_workers.deployment_lease import DeploymentTaken
+from gpu_workers.processes import EXIT_GRACE_S, exit_deadline
 from gpu_workers.supervisor import GatewayStartError
 from repository.errors import RepositoryError
 
@@ -111,7 +114,7 @@ def serve(args: argparse.Namespace) -> int:
     )
     configure_logging("serve", log_options)
     # a Ctrl-C while Redis and the deployment are being set up stops quietly once they are
-    early_stop = _StopRequest()
+    early_stop = _StopRequest(args.exit_timeout_secs)
     signal.signal(signal.SIGINT, early_stop)
     signal.signal(signal.SIGTERM, early_stop)
     if args.load_model and args.model_control_mode != "explicit":
@@ -122,6 +125,7 @@ def serve(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         logger.error("%s", exc)
         return 1
+    early_stop.private_redis = redis_process
     strict = args.disable_auto_complete_config or bool(args.strict_model_config)
     options = ServeOptions(
         repositories=tuple(args.model_repository),
@@ -164,6 +168,7 @@ def serve(args: argparse.Namespace) -> int:
         return 1
     signal.signal(signal.SIGINT, supervisor.request_stop)
     signal.signal(signal.SIGTERM, supervisor.request_stop)
+    early_stop.handed_over.set()  # the supervisor's own exit deadline covers the rest
     if early_stop.signum:
         supervisor.request_stop()
     code = 0
@@ -202,13 +207,42 @@ def serve(args: argparse.Namespace) -> int:
 class _StopRequest:
     """SIGINT/SIGTERM handler of ``sluice serve`` until its supervisor takes over: the
     signal is kept (:attr:`signum`) and acted on once setting up is done, rather than
-    raised as a ``KeyboardInterrupt`` in the middle of it."""
+    raised as a ``KeyboardInterrupt`` in the middle of it.
 
-    def __init__(self) -> None:
+    The first signal also arms the exit deadline (the exit timeout and
+    ``EXIT_GRACE_S`` more, as a running server's shutdown has): setting up waits in
+    Redis calls bounded only by the 30 s socket timeout when Redis accepts connections
+    and answers nothing, so at the deadline the private redis-server, if one was
+    started, is killed and the process exits 1. Nothing happens once
+    :attr:`handed_over` is set (the supervisor's handlers and deadline took over).
+
+    Args:
+        exit_timeout_s: ``--exit-timeout-secs``, in s.
+    """
+
+    def __init__(self, exit_timeout_s: float) -> None:
         self.signum = 0
+        self.private_redis: Any = None
+        self.handed_over = threading.Event()
+        self._exit_timeout_s = exit_timeout_s
 
     def __call__(self, signum: int, _frame: object) -> None:
+        if not self.signum:
+            exit_deadline(
+                self._exit_timeout_s + EXIT_GRACE_S,
+                f"stopped while starting, and setting up did not finish within the exit "
+                f"timeout ({self._exit_timeout_s:.0f} s) and {EXIT_GRACE_S:.0f} s more "
+                "(Redis not answering?): exiting",
+                self._kill_private_redis,
+                self.handed_over,
+            )
         self.signum = signum
+
+    def _kill_private_redis(self) -> None:
+        process = self.private_redis
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(OSError):
+                process.kill()
 
 
 def _stop_private_redis(process: object | None) -> None:

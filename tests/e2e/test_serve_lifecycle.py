@@ -1019,6 +1019,41 @@ def test_sigterm_while_redis_is_stalled_exits_by_the_exit_deadline(
         assert "the shutdown did not finish within the exit timeout" in server.log()
 
 
+def test_sigterm_during_start_up_while_redis_is_stalled_exits_by_the_exit_deadline(
+    model_repository, tmp_path
+) -> None:
+    """SIGTERM while ``sluice serve`` is still setting up on a Redis that accepts
+    connections and answers nothing (SIGSTOP): it exits 1 the exit timeout and
+    EXIT_GRACE_S after the signal, naming why, instead of when its Redis calls time out
+    (30 s socket timeout: 28.5 s in a fresh-user retest)."""
+    process, url = start_private_redis()
+    server = None
+    try:
+        os.kill(process.pid, signal.SIGSTOP)
+        server = start_server(
+            _small_repo(model_repository, tmp_path, False),
+            url,
+            tmp_path / "serve.log",
+            "--exit-timeout-secs",
+            "1",
+            wait_ready=False,
+        )
+        time.sleep(2.0)  # in its first Redis call
+        assert server.process.poll() is None, server.log()
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(1 + EXIT_GRACE_S + 10) == 1, server.log()
+        took = time.monotonic() - started
+        assert 1 <= took < 1 + EXIT_GRACE_S + 2, took
+        assert "stopped while starting, and setting up did not finish" in server.log()
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+        process.terminate()
+        process.wait(10)
+        if server is not None and server.process.poll() is None:
+            server.process.kill()
+
+
 def _infer_error(call: Callable[[], object]) -> tuple[str, float]:
     """The error text of ``call`` (which must fail) and how long it took, in s."""
     started = time.monotonic()
