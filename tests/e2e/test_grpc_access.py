@@ -12,7 +12,7 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from e2e_support import Server, start_server, stop_server
+from e2e_support import Server, repository_of, start_server, stop_server
 from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.e2e
@@ -25,9 +25,10 @@ INFER = "inference:infer-key=let-me-in"
 def restricted_server(
     model_repository: Path, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
-    log_path = tmp_path_factory.mktemp("restricted") / "serve.log"
+    where = tmp_path_factory.mktemp("restricted")
+    log_path = where / "serve.log"
     server = start_server(
-        model_repository,
+        repository_of(model_repository, where / "repo", "add_sub"),
         redis_url,
         log_path,
         "--http-restricted-api",
@@ -172,7 +173,7 @@ def _self_signed(directory: Path) -> tuple[Path, Path]:
 def test_grpc_tls(model_repository: Path, redis_url: str, tmp_path: Path) -> None:
     key, cert = _self_signed(tmp_path)
     server = start_server(
-        model_repository,
+        repository_of(model_repository, tmp_path / "repo", "add_sub"),
         redis_url,
         tmp_path / "serve.log",
         "--grpc-use-ssl",

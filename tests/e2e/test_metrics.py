@@ -317,10 +317,11 @@ def test_summary_latencies_give_quantiles_of_the_last_minute(
     summaries, with the configured quantiles; ``_count``/``_sum`` equal the counters, the
     quantiles split 30 fast requests from 10 that sleep 40 ms, and a model nobody called
     has NaN quantiles (an empty window)."""
-    from e2e_support import start_server, stop_server
+    from e2e_support import repository_of, start_server, stop_server
 
     server = start_server(
-        model_repository, redis_url, tmp_path / "serve.log",
+        repository_of(model_repository, tmp_path / "repo", "slow", "batch_scale"),
+        redis_url, tmp_path / "serve.log",
         "--metrics-config", "summary_latencies=true",
         "--metrics-config", "summary_quantiles=0.5:0.05,0.9:0.01",
     )  # fmt: skip
