@@ -23,7 +23,12 @@ import pydantic
 import redis.exceptions
 
 from api.frontend_flags import add_frontend_arguments, forward_frontend_arguments
-from api.gateway import _bool, add_gateway_arguments, check_access_specs, settings_from_args
+from api.gateway_args import (
+    add_gateway_arguments,
+    check_access_specs,
+    parse_bool,
+    settings_from_args,
+)
 from gpu_workers.deployment_lease import DeploymentTaken
 from gpu_workers.processes import EXIT_GRACE_S, exit_deadline
 from gpu_workers.supervisor import GatewayStartError
@@ -61,12 +66,12 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                    help="gateway processes sharing the HTTP/gRPC ports (SO_REUSEPORT)")
     p.add_argument("--repository-poll-secs", type=float, default=15.0,
                    help="poll mode: seconds between repository scans")
-    p.add_argument("--exit-on-error", type=_bool, default=True)
-    p.add_argument("--strict-readiness", type=_bool, default=True)
+    p.add_argument("--exit-on-error", type=parse_bool, default=True)
+    p.add_argument("--strict-readiness", type=parse_bool, default=True)
     p.add_argument("--disable-auto-complete-config", action="store_true")
     p.add_argument(
         "--strict-model-config",
-        type=_bool,
+        type=parse_bool,
         default=None,
         help="older spelling of --disable-auto-complete-config",
     )

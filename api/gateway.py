@@ -21,15 +21,14 @@ import redis.exceptions
 import uvicorn
 import uvloop
 
-from api.access import AccessPolicy
 from api.app import build_dataplane, connect, create_app, wrap_asgi
 from api.dashboard.history import DashboardHistory
 from api.dashboard.routes import mount_dashboard
 from api.dataplane import DataPlane
-from api.frontend_flags import add_frontend_arguments, apply_frontend_arguments
+from api.gateway_args import add_gateway_arguments, check_access_specs, settings_from_args
 from api.http.protocol import HttpProtocol
 from api.metrics import MetricsService, create_metrics_app
-from api.settings import GatewaySettings, HttpSettings
+from api.settings import GatewaySettings
 from api.sockets import reuse_port_socket
 from broker.errors import ErrorCode, SluiceError
 from broker.keys import KeySchema
@@ -39,75 +38,6 @@ if TYPE_CHECKING:
     from api.grpc.server import GrpcFrontEnd
 
 logger = logging.getLogger(__name__)
-
-
-def _bool(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes", "on"):
-        return True
-    if text.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
-
-
-def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
-    """Triton's HTTP flags (defaults come from ``GatewaySettings`` / ``SLUICE_*``)."""
-    parser.add_argument("--http-address", default=None, help="HTTP bind address (0.0.0.0)")
-    parser.add_argument("--http-port", type=int, default=None, help="HTTP port (8000)")
-    parser.add_argument("--redis-url", default=None, help="Redis URL (SLUICE_REDIS__URL)")
-    parser.add_argument("--key-prefix", default=None, help="Redis key prefix (sluice:)")
-    parser.add_argument("--strict-readiness", type=_bool, default=None)
-    parser.add_argument(
-        "--request-timeout-secs",
-        type=float,
-        default=None,
-        help="longest wait for a response when the client sets none (60)",
-    )
-    parser.add_argument(
-        "--exit-timeout-secs",
-        type=float,
-        default=None,
-        help="at shutdown, longest wait for in-flight requests (30)",
-    )
-    parser.add_argument("--log-verbose", type=int, default=None)
-    add_frontend_arguments(parser)
-
-
-def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
-    """Environment/.env settings, overridden by the flags that were given."""
-    settings = GatewaySettings()
-    http = settings.http.model_dump()
-    if args.http_address is not None:
-        http["address"] = args.http_address
-    if args.http_port is not None:
-        http["port"] = args.http_port
-    redis_settings = settings.redis.model_copy(
-        update={
-            k: v
-            for k, v in (("url", args.redis_url), ("key_prefix", args.key_prefix))
-            if v is not None
-        }
-    )
-    update: dict[str, object] = {"http": HttpSettings(**http), "redis": redis_settings}
-    if args.strict_readiness is not None:
-        update["strict_readiness"] = args.strict_readiness
-    if args.request_timeout_secs is not None:
-        update["request_timeout_s"] = args.request_timeout_secs
-    if args.exit_timeout_secs is not None:
-        update["exit_timeout_s"] = args.exit_timeout_secs
-    if args.log_verbose is not None:
-        update["log_verbose"] = args.log_verbose
-    return apply_frontend_arguments(settings.model_copy(update=update), args)
-
-
-def check_access_specs(settings: GatewaySettings) -> None:
-    """Parse both restricted-API specs (``--http-restricted-api``,
-    ``--grpc-restricted-protocol``).
-
-    Raises:
-        ValueError: a malformed spec, naming it.
-    """
-    AccessPolicy(settings.http.restricted_apis)
-    AccessPolicy(settings.grpc.restricted_protocols)
 
 
 def _route_uvicorn_logs(verbose: int) -> None:
