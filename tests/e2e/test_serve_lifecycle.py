@@ -976,15 +976,23 @@ def test_a_gateway_that_cannot_bind_its_shared_port_says_so_in_one_line(redis_ur
 
 @contextlib.contextmanager
 def _serving_on_own_redis(
-    model_repository: Path, tmp_path: Path, *flags: str
+    model_repository: Path, tmp_path: Path, *flags: str, stalled: bool = False
 ) -> Iterator[tuple[Any, subprocess.Popen[bytes]]]:
     """``sluice serve`` with ``flags`` on a private redis-server of the test's own (which
-    the test may stop with SIGSTOP): (server, redis process). Both are gone afterwards."""
+    the test may stop with SIGSTOP): (server, redis process). Both are gone afterwards.
+    ``stalled``: the redis-server is stopped (SIGSTOP) before the server starts, which
+    is then not waited for."""
     process, url = start_private_redis()
     server = None
     try:
+        if stalled:
+            os.kill(process.pid, signal.SIGSTOP)
         server = start_server(
-            _small_repo(model_repository, tmp_path, False), url, tmp_path / "serve.log", *flags
+            _small_repo(model_repository, tmp_path, False),
+            url,
+            tmp_path / "serve.log",
+            *flags,
+            wait_ready=not stalled,
         )
         yield server, process
     finally:
@@ -1026,18 +1034,9 @@ def test_sigterm_during_start_up_while_redis_is_stalled_exits_by_the_exit_deadli
     connections and answers nothing (SIGSTOP): it exits 1 the exit timeout and
     EXIT_GRACE_S after the signal, naming why, instead of when its Redis calls time out
     (30 s socket timeout: 28.5 s in a fresh-user retest)."""
-    process, url = start_private_redis()
-    server = None
-    try:
-        os.kill(process.pid, signal.SIGSTOP)
-        server = start_server(
-            _small_repo(model_repository, tmp_path, False),
-            url,
-            tmp_path / "serve.log",
-            "--exit-timeout-secs",
-            "1",
-            wait_ready=False,
-        )
+    with _serving_on_own_redis(
+        model_repository, tmp_path, "--exit-timeout-secs", "1", stalled=True
+    ) as (server, _):
         time.sleep(2.0)  # in its first Redis call
         assert server.process.poll() is None, server.log()
         started = time.monotonic()
@@ -1046,12 +1045,6 @@ def test_sigterm_during_start_up_while_redis_is_stalled_exits_by_the_exit_deadli
         took = time.monotonic() - started
         assert 1 <= took < 1 + EXIT_GRACE_S + 2, took
         assert "stopped while starting, and setting up did not finish" in server.log()
-    finally:
-        os.kill(process.pid, signal.SIGCONT)
-        process.terminate()
-        process.wait(10)
-        if server is not None and server.process.poll() is None:
-            server.process.kill()
 
 
 def _infer_error(call: Callable[[], object]) -> tuple[str, float]:
