@@ -354,6 +354,22 @@ def _add_sub(a: np.ndarray, b: np.ndarray) -> list[httpclient.InferInput]:
     return inputs
 
 
+def _add_sub_once_served(
+    client: httpclient.InferenceServerClient, timeout_s: float, never: str | None = None
+) -> np.ndarray:
+    """OUTPUT0 of add_sub (ones + ones) once the server answers it again, trying every
+    0.1 s for up to ``timeout_s``; an error text holding ``never`` fails at once."""
+    a = np.ones((1, 16), np.float32)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return client.infer("add_sub", _add_sub(a, a)).as_numpy("OUTPUT0")
+        except InferenceServerException as exc:
+            assert never is None or never not in str(exc), str(exc)
+            assert time.monotonic() < deadline, str(exc)
+            time.sleep(0.1)
+
+
 CRASHER = """
 import os
 import triton_python_backend_utils as pb_utils
@@ -1113,16 +1129,7 @@ def test_a_redis_that_lost_its_data_gives_503_not_404_until_republished(
             assert "state is missing from Redis" in text, text
         finally:
             os.kill(server.process.pid, signal.SIGCONT)
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                out = client.infer("add_sub", _add_sub(a, a))
-                break
-            except InferenceServerException as exc:
-                assert "not found" not in str(exc), str(exc)
-                assert time.monotonic() < deadline, str(exc)
-                time.sleep(0.1)
-        assert out.as_numpy("OUTPUT0")[0, 0] == 2
+        assert _add_sub_once_served(client, 15, never="not found")[0, 0] == 2
         with pytest.raises(InferenceServerException, match="unknown model"):
             client.infer("nosuch", _add_sub(a, a))
         broker.close()
@@ -1145,15 +1152,7 @@ def test_instances_outlive_a_flushall_under_their_blocked_reads(model_repository
             assert client.infer("add_sub", _add_sub(a, a)).as_numpy("OUTPUT0")[0, 0] == 2
             time.sleep(0.5)  # the instance blocks in its read again
             broker.flushall()
-            deadline = time.monotonic() + 10
-            while True:
-                try:
-                    out = client.infer("add_sub", _add_sub(a, a))
-                    break
-                except InferenceServerException as exc:
-                    assert time.monotonic() < deadline, str(exc)
-                    time.sleep(0.1)
-            assert out.as_numpy("OUTPUT0")[0, 0] == 2
+            assert _add_sub_once_served(client, 10)[0, 0] == 2
         log = server.log()
         assert "exited with code" not in log, log
         assert "UNBLOCKED" not in log, log
