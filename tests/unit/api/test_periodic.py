@@ -39,10 +39,8 @@ def test_stop_ends_a_timer_whose_call_swallows_its_cancellation() -> None:
 def test_stop_gives_up_on_a_call_that_never_ends() -> None:
     """A call that ignores its cancellation and goes on is waited for
     :data:`STOP_TIMEOUT_S` at most."""
-    release = asyncio.Event
-
     async def scenario() -> float:
-        done = release()
+        done = asyncio.Event()
 
         async def stubborn() -> None:
             while not done.is_set():
