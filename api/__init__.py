@@ -1,4 +1,1 @@
-"""Sluice's front ends: KServe v2 HTTP (and gRPC), the CLI, the gateway process."""
-
-__version__ = "0.1.0"
-__all__ = ["__version__"]
+"""The gateway process: KServe v2 over HTTP and gRPC, Triton's extensions, metrics."""

@@ -13,21 +13,21 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
-from api.access import AccessPolicy
-from api.dataplane import DataPlane
-from api.errors import http_status
-from api.http import health, infer, metadata, repository, shared_memory, stats, trace
-from api.http import logging as logging_routes
-from api.http.access import RestrictedApiMiddleware
-from api.http.responses import error_response
-from api.models import ModelRegistry
-from api.settings import GatewaySettings
-from broker.errors import SluiceError
-from broker.keys import KeySchema
-from broker.model_store import AsyncModelStore
-from broker.multiplex import MultiplexedConnection
-from broker.outage import OutageLog
-from broker.replies import ReplyRouter
+from sluice.api.access import AccessPolicy
+from sluice.api.dataplane import DataPlane
+from sluice.api.errors import http_status
+from sluice.api.http import health, infer, metadata, repository, shared_memory, stats, trace
+from sluice.api.http import logging as logging_routes
+from sluice.api.http.access import RestrictedApiMiddleware
+from sluice.api.http.responses import error_response
+from sluice.api.models import ModelRegistry
+from sluice.api.settings import GatewaySettings
+from sluice.broker.errors import SluiceError
+from sluice.broker.keys import KeySchema
+from sluice.broker.model_store import AsyncModelStore
+from sluice.broker.multiplex import MultiplexedConnection
+from sluice.broker.outage import OutageLog
+from sluice.broker.replies import ReplyRouter
 
 logger = logging.getLogger(__name__)
 #: one line per Redis outage, not one per failed request

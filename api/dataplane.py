@@ -19,28 +19,28 @@ from typing import Any
 import redis.asyncio
 import redis.exceptions
 
-from api.log_settings import LogSettings
-from api.models import ModelRegistry, ModelView
-from api.response_cache import ResponseCache
-from api.settings import GatewaySettings
-from broker.codec import CodecError, decode_request
-from broker.control import ControlCommand, encode_command
-from broker.errors import ErrorCode, SluiceError
-from broker.keys import KeySchema
-from broker.messages import (
+from sluice.api.log_settings import LogSettings
+from sluice.api.models import ModelRegistry, ModelView
+from sluice.api.response_cache import ResponseCache
+from sluice.api.settings import GatewaySettings
+from sluice.broker.codec import CodecError, decode_request
+from sluice.broker.control import ControlCommand, encode_command
+from sluice.broker.errors import ErrorCode, SluiceError
+from sluice.broker.keys import KeySchema
+from sluice.broker.messages import (
     InferRequestMessage,
     InferResponseMessage,
     ParameterValue,
     RequestedOutput,
     WireTensor,
 )
-from broker.model_store import ModelState
-from broker.multiplex import MultiplexedConnection
-from broker.producer import PAYLOAD_FIELD, QUEUE_FULL, Producer, enqueue_error
-from broker.replies import ReplyRouter
-from broker.request_checks import validate_request
-from broker.scheduling import StreamLayout
-from broker.stats_store import StatsDelta, read_stats, triton_model_stats
+from sluice.broker.multiplex import MultiplexedConnection
+from sluice.broker.producer import PAYLOAD_FIELD, QUEUE_FULL, Producer, enqueue_error
+from sluice.broker.replies import ReplyRouter
+from sluice.broker.request_checks import validate_request
+from sluice.broker.scheduling import StreamLayout
+from sluice.broker.states import ModelState
+from sluice.broker.stats_store import StatsDelta, read_stats, triton_model_stats
 
 logger = logging.getLogger(__name__)
 
@@ -224,6 +224,7 @@ class DataPlane:
                 does not have (the gRPC servicer answers it ``ready: false``, as Triton
                 2.51 does).
         """
+
         async def check() -> bool:
             view = await self.registry.get(model, fresh=True)
             if version is not None and version not in view.versions:
@@ -244,7 +245,7 @@ class DataPlane:
 
     def server_metadata(self) -> dict[str, Any]:
         """``GET /v2`` body (PROTOCOL.md 1.4)."""
-        from api import __version__
+        from sluice import __version__
 
         return {
             "name": self.settings.server_id,
@@ -658,9 +659,7 @@ class DataPlane:
             message.deadline_ns,
             functools.partial(self._cancelled, stream, model, resolved, now_ns, queued),
         )
-        queued.add_done_callback(
-            functools.partial(self._queued, future, model, resolved, now_ns)
-        )
+        queued.add_done_callback(functools.partial(self._queued, future, model, resolved, now_ns))
         return future
 
     def _queued(

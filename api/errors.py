@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import grpc
 
-from broker.errors import ErrorCode
+from sluice.broker.errors import ErrorCode
 
 HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.INTERNAL: 500,

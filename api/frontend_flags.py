@@ -13,9 +13,9 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from api.settings import GatewaySettings
-from broker.latency_window import parse_quantiles
-from broker.response_cache import parse_cache_config
+from sluice.api.settings import GatewaySettings
+from sluice.broker.latency_window import parse_quantiles
+from sluice.broker.response_cache import parse_cache_config
 
 __all__ = [
     "METRICS_CONFIG_KEYS",
@@ -50,16 +50,26 @@ def _log_format(text: str) -> str:
 
 _METRICS_FLAGS = (
     _Flag("--allow-metrics", "enabled", _bool, "serve Prometheus metrics (true)", "metrics"),
-    _Flag("--allow-gpu-metrics", "gpu", _bool, "GPU metrics where a GPU is found (true)",
-          "metrics"),
-    _Flag("--allow-cpu-metrics", "cpu", _bool, "CPU utilization and memory metrics (true)",
-          "metrics"),
-    _Flag("--metrics-address", "address", str, "metrics bind address (the HTTP address)",
-          "metrics"),
+    _Flag(
+        "--allow-gpu-metrics", "gpu", _bool, "GPU metrics where a GPU is found (true)", "metrics"
+    ),
+    _Flag(
+        "--allow-cpu-metrics", "cpu", _bool, "CPU utilization and memory metrics (true)", "metrics"
+    ),
+    _Flag(
+        "--metrics-address", "address", str, "metrics bind address (the HTTP address)", "metrics"
+    ),
     _Flag("--metrics-port", "port", int, "metrics port (8002)", "metrics"),
-    _Flag("--metrics-interval-ms", "interval_ms", int, "GPU/CPU metrics refresh period, ms (2000)",
-          "metrics"),
+    _Flag(
+        "--metrics-interval-ms",
+        "interval_ms",
+        int,
+        "GPU/CPU metrics refresh period, ms (2000)",
+        "metrics",
+    ),
 )
+
+
 def _log_file(text: str) -> str:
     """A log file this process can append to (created if missing)."""
     try:
@@ -77,8 +87,9 @@ _LOG_FLAGS = (
     _Flag("--log-warning", "log_warning", _bool, "write WARNING lines (true)", ""),
     _Flag("--log-error", "log_error", _bool, "write ERROR lines (true)", ""),
     _Flag("--log-format", "log_format", _log_format, "default or ISO8601", ""),
-    _Flag("--log-file", "log_file", _log_file, "append log lines to this file (standard error)",
-          ""),
+    _Flag(
+        "--log-file", "log_file", _log_file, "append log lines to this file (standard error)", ""
+    ),
 )
 #: ``--metrics-config <key>=<value>`` keys (Triton) and the MetricsSettings field of each.
 METRICS_CONFIG_KEYS = {
@@ -150,8 +161,7 @@ def _metrics_config(text: str) -> tuple[str, bool | str]:
     key, sep, value = text.partition("=")
     if not sep or key not in METRICS_CONFIG_KEYS:
         raise argparse.ArgumentTypeError(
-            f"expected <key>=<value> with key one of {', '.join(METRICS_CONFIG_KEYS)}, "
-            f"got '{text}'"
+            f"expected <key>=<value> with key one of {', '.join(METRICS_CONFIG_KEYS)}, got '{text}'"
         )
     if key == "summary_quantiles":
         try:

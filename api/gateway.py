@@ -1,4 +1,4 @@
-"""Gateway process entry (``sluice gateway`` / ``python -m api.gateway``).
+"""Gateway process entry (``sluice gateway`` / ``python -m sluice.api.gateway``).
 
 Stateless: serves the HTTP front end from what Redis holds. Any number of
 gateways may run against one Redis; each has its own reply key.
@@ -21,21 +21,21 @@ import redis.exceptions
 import uvicorn
 import uvloop
 
-from api.app import build_dataplane, connect, create_app, wrap_asgi
-from api.dashboard.history import DashboardHistory
-from api.dashboard.routes import mount_dashboard
-from api.dataplane import DataPlane
-from api.gateway_args import add_gateway_arguments, check_access_specs, settings_from_args
-from api.http.protocol import HttpProtocol
-from api.metrics import MetricsService, create_metrics_app
-from api.settings import GatewaySettings
-from api.sockets import reuse_port_socket
-from broker.errors import ErrorCode, SluiceError
-from broker.keys import KeySchema
-from broker.logs import configure_logging
+from sluice.api.app import build_dataplane, connect, create_app, wrap_asgi
+from sluice.api.dashboard.history import DashboardHistory
+from sluice.api.dashboard.routes import mount_dashboard
+from sluice.api.dataplane import DataPlane
+from sluice.api.gateway_args import add_gateway_arguments, check_access_specs, settings_from_args
+from sluice.api.http.protocol import HttpProtocol
+from sluice.api.metrics import MetricsService, create_metrics_app
+from sluice.api.settings import GatewaySettings
+from sluice.api.sockets import reuse_port_socket
+from sluice.broker.errors import ErrorCode, SluiceError
+from sluice.broker.keys import KeySchema
+from sluice.broker.logs import configure_logging
 
 if TYPE_CHECKING:
-    from api.grpc.server import GrpcFrontEnd
+    from sluice.api.grpc.server import GrpcFrontEnd
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ async def serve_gateway(settings: GatewaySettings) -> None:
     the reply router fails whatever still waits with UNAVAILABLE and this gateway's
     requests still queued are taken off their streams (their clients were answered).
     """
-    from api.grpc.server import GrpcFrontEnd  # grpc.aio only in the gateway process
+    from sluice.api.grpc.server import GrpcFrontEnd  # grpc.aio only in the gateway process
 
     check_access_specs(settings)  # a bad spec fails start-up, naming it
     http_sockets, metrics_sockets = _shared_listeners(settings)  # before anything starts

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 
-from api.access import AccessPolicy
-from api.frontend_flags import add_frontend_arguments, apply_frontend_arguments
-from api.settings import GatewaySettings, HttpSettings
+from sluice.api.access import AccessPolicy
+from sluice.api.frontend_flags import add_frontend_arguments, apply_frontend_arguments
+from sluice.api.settings import GatewaySettings, HttpSettings
 
 
 def parse_bool(text: str) -> bool:

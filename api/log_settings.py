@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from api.parameters import is_uint, value_type_name
-from broker.errors import ErrorCode, SluiceError, invalid_arg
-from broker.logs import LOG_FORMATS, LogOptions, reconfigure
+from sluice.api.parameters import is_uint, value_type_name
+from sluice.broker.errors import ErrorCode, SluiceError, invalid_arg
+from sluice.broker.logs import LOG_FORMATS, LogOptions, reconfigure
 
 __all__ = ["LOG_FORMATS", "LogSettings"]
 

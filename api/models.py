@@ -15,12 +15,13 @@ from typing import Any
 from google.protobuf import json_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from batching import DynamicBatchingPolicy
-from broker.errors import ErrorCode, SluiceError
-from broker.model_store import AsyncModelStore, ModelRecord, ModelState, VersionState
-from broker.request_checks import TensorSpec, tensor_spec
-from broker.scheduling import scheduling_policy
-from repository.render import config_to_json
+from sluice.batching import DynamicBatchingPolicy
+from sluice.broker.errors import ErrorCode, SluiceError
+from sluice.broker.model_store import AsyncModelStore, ModelRecord, VersionState
+from sluice.broker.request_checks import TensorSpec, tensor_spec
+from sluice.broker.scheduling import scheduling_policy
+from sluice.broker.states import ModelState
+from sluice.repository.render import config_to_json
 
 
 @dataclass(frozen=True, slots=True)

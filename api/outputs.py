@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from broker.messages import RequestedOutput, WireTensor
+from sluice.broker.messages import RequestedOutput, WireTensor
 
 
 def select_outputs(

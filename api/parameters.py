@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from broker.datatypes import ELEMENT_SIZES
-from broker.errors import ErrorCode, SluiceError, invalid_arg
-from broker.messages import ParameterValue
+from sluice.broker.datatypes import ELEMENT_SIZES
+from sluice.broker.errors import ErrorCode, SluiceError, invalid_arg
+from sluice.broker.messages import ParameterValue
 
 __all__ = [
     "UInt64",

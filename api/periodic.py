@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 
 import redis.exceptions
 
-from broker.outage import OutageLog
+from sluice.broker.outage import OutageLog
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import base64
 import binascii
 from collections.abc import Iterable, Mapping
 
-from broker.errors import invalid_arg
+from sluice.broker.errors import invalid_arg
 
 
 def load_parameters(

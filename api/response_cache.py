@@ -25,12 +25,12 @@ from collections.abc import Callable
 
 import redis.exceptions
 
-from broker.codec import CodecError, decode_response, encode_response
-from broker.keys import KeySchema
-from broker.latency_window import LatencyRecorder
-from broker.messages import InferRequestMessage, InferResponseMessage
-from broker.multiplex import MultiplexedConnection
-from broker.response_cache import CACHE_INSERT, CACHE_LOOKUP, request_digest
+from sluice.broker.codec import CodecError, decode_response, encode_response
+from sluice.broker.keys import KeySchema
+from sluice.broker.latency_window import LatencyRecorder
+from sluice.broker.messages import InferRequestMessage, InferResponseMessage
+from sluice.broker.multiplex import MultiplexedConnection
+from sluice.broker.response_cache import CACHE_INSERT, CACHE_LOOKUP, request_digest
 
 __all__ = ["ResponseCache"]
 

@@ -11,9 +11,9 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from broker.latency_window import parse_quantiles
-from broker.logs import LogOptions
-from broker.settings import RedisSettings
+from sluice.broker.latency_window import parse_quantiles
+from sluice.broker.logs import LogOptions
+from sluice.broker.settings import RedisSettings
 
 
 class HttpSettings(BaseModel):

@@ -5,7 +5,7 @@ Imports only the stdlib and numpy; time is passed in as ``now_ns`` (STYLE.md §3
 
 from __future__ import annotations
 
-from batching.dynamic import (
+from sluice.batching.dynamic import (
     Accepted,
     Admission,
     Batch,
@@ -14,9 +14,9 @@ from batching.dynamic import (
     Pending,
     Rejected,
 )
-from batching.errors import BatchingError, BatchingPolicyError
-from batching.policy import DynamicBatchingPolicy, QueuePolicy, TimeoutAction
-from batching.tensors import concat_input, concat_inputs, split_outputs
+from sluice.batching.errors import BatchingError, BatchingPolicyError
+from sluice.batching.policy import DynamicBatchingPolicy, QueuePolicy, TimeoutAction
+from sluice.batching.tensors import concat_input, concat_inputs, split_outputs
 
 __all__ = [
     "Accepted",

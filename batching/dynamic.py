@@ -21,7 +21,7 @@ from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from batching.policy import DynamicBatchingPolicy, QueuePolicy
+from sluice.batching.policy import DynamicBatchingPolicy, QueuePolicy
 
 __all__ = [
     "Accepted",

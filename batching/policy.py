@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
-from batching.errors import BatchingPolicyError
+from sluice.batching.errors import BatchingPolicyError
 
 __all__ = ["DynamicBatchingPolicy", "QueuePolicy", "TimeoutAction"]
 

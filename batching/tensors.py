@@ -12,7 +12,7 @@ from itertools import accumulate, pairwise
 
 import numpy as np
 
-from batching.errors import BatchingError
+from sluice.batching.errors import BatchingError
 
 __all__ = ["concat_input", "concat_inputs", "split_outputs"]
 

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from broker.redis_server import delete_prefix, start_private_redis, stop_private_redis
+from sluice.broker.redis_server import delete_prefix, start_private_redis, stop_private_redis
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT.parent / "shared" / "bench"
@@ -159,9 +159,7 @@ def start_server(command: list[str], log: Path, port: int) -> subprocess.Popen[b
     while not _ready(port):
         if server.poll() is not None or time.monotonic() > deadline:
             stop_server(server)
-            raise SystemExit(
-                f"{command[0]} did not become ready (exit {server.poll()}); see {log}"
-            )
+            raise SystemExit(f"{command[0]} did not become ready (exit {server.poll()}); see {log}")
         time.sleep(0.5)
     return server
 

@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench_anchors import model_counts, redis_cpu_ticks, tree_cpu_ticks  # noqa: E402
 
-from broker.redis_server import (  # noqa: E402
+from sluice.broker.redis_server import (  # noqa: E402
     delete_prefix,
     free_port,
     redis_answers,
@@ -70,8 +70,10 @@ def build_mlp(torch: Any) -> Any:
     """The benchmark MLP, FP32 [n, 512] → [n, 10], seeded, in eval mode."""
     torch.manual_seed(0)
     return torch.nn.Sequential(
-        torch.nn.Linear(512, 2048), torch.nn.ReLU(),
-        torch.nn.Linear(2048, 2048), torch.nn.ReLU(),
+        torch.nn.Linear(512, 2048),
+        torch.nn.ReLU(),
+        torch.nn.Linear(2048, 2048),
+        torch.nn.ReLU(),
         torch.nn.Linear(2048, 10),
     ).eval()
 
@@ -209,12 +211,31 @@ def _start_server(
     grpc_port = free_port()
     metrics_port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "api.cli", "serve", "--model-repository", str(repo),
-         "--http-port", str(port), "--http-address", "127.0.0.1",
-         "--grpc-port", str(grpc_port), "--grpc-address", "127.0.0.1",
-         "--metrics-port", str(metrics_port), "--redis-url", redis_url,
-         "--key-prefix", prefix],
-        stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "sluice.cli",
+            "serve",
+            "--model-repository",
+            str(repo),
+            "--http-port",
+            str(port),
+            "--http-address",
+            "127.0.0.1",
+            "--grpc-port",
+            str(grpc_port),
+            "--grpc-address",
+            "127.0.0.1",
+            "--metrics-port",
+            str(metrics_port),
+            "--redis-url",
+            redis_url,
+            "--key-prefix",
+            prefix,
+        ],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
     )
     import requests
 
@@ -223,8 +244,12 @@ def _start_server(
         if process.poll() is not None:
             raise RuntimeError(f"sluice serve exited:\n{log.read_text()}")
         try:
-            if requests.get(f"http://127.0.0.1:{port}/v2/models/{MODEL}/ready",
-                            timeout=1).status_code == 200:
+            if (
+                requests.get(
+                    f"http://127.0.0.1:{port}/v2/models/{MODEL}/ready", timeout=1
+                ).status_code
+                == 200
+            ):
                 return process, port
         except requests.RequestException:
             pass
@@ -255,8 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--instances", type=positive, default=1, help="KIND_GPU instances")
     parser.add_argument("--queue-delay-us", type=count, default=500)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
-    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
-                        help="cpu: KIND_CPU, a dry run of this script on a machine without GPU")
+    parser.add_argument(
+        "--device",
+        choices=["cuda", "cpu"],
+        default="cuda",
+        help="cpu: KIND_CPU, a dry run of this script on a machine without GPU",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -287,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         scripted.save(str(repo / MODEL / "1" / "model.pt"))
         (repo / MODEL / "config.pbtxt").write_text(
             CONFIG.format(
-                delay=args.queue_delay_us, count=args.instances,
+                delay=args.queue_delay_us,
+                count=args.instances,
                 kind="KIND_GPU" if args.device == "cuda" else "KIND_CPU",
                 gpus=" gpus: [ 0 ]" if args.device == "cuda" else "",
             )
@@ -295,19 +325,29 @@ def main(argv: list[str] | None = None) -> int:
         prefix = f"sluice-bench-gpu-{uuid.uuid4().hex[:8]}:"
         server, port = _start_server(repo, redis_url, Path(tmp) / "serve.log", prefix)
         try:
-            print(f"\n{'sluice http (batch 1)':<24} {'infer/s':>8} {'p50 µs':>8} "
-                  f"{'p99 µs':>8} {'/b1':>6} {'/best':>6} {'cpu µs':>7} {'gpu %':>6} "
-                  f"{'batch':>6} {'errors':>6} {'max err':>8}")
+            print(
+                f"\n{'sluice http (batch 1)':<24} {'infer/s':>8} {'p50 µs':>8} "
+                f"{'p99 µs':>8} {'/b1':>6} {'/best':>6} {'cpu µs':>7} {'gpu %':>6} "
+                f"{'batch':>6} {'errors':>6} {'max err':>8}"
+            )
             for concurrency in args.concurrency:
-                row = drive(f"127.0.0.1:{port}", concurrency, args.duration, args.warmup,
-                            reference, server.pid)
-                print(f"{'c=' + str(concurrency):<24} {row['infer_s']:>8.0f} {row['p50']:>8.0f} "
-                      f"{row['p99']:>8.0f} {row['infer_s'] / batch1:>6.2f} "
-                      f"{row['infer_s'] / best:>6.2f} {row['cpu_us']:>7.0f} "
-                      f"{_gpu_cell(row['gpu_util']):>6} {row['avg_batch']:>6.1f} "
-                      f"{row['errors']:>6} "
-                      f"{row['max_err']:>8.1e}",
-                      flush=True)
+                row = drive(
+                    f"127.0.0.1:{port}",
+                    concurrency,
+                    args.duration,
+                    args.warmup,
+                    reference,
+                    server.pid,
+                )
+                print(
+                    f"{'c=' + str(concurrency):<24} {row['infer_s']:>8.0f} {row['p50']:>8.0f} "
+                    f"{row['p99']:>8.0f} {row['infer_s'] / batch1:>6.2f} "
+                    f"{row['infer_s'] / best:>6.2f} {row['cpu_us']:>7.0f} "
+                    f"{_gpu_cell(row['gpu_util']):>6} {row['avg_batch']:>6.1f} "
+                    f"{row['errors']:>6} "
+                    f"{row['max_err']:>8.1e}",
+                    flush=True,
+                )
         finally:
             server.send_signal(2)
             try:

@@ -44,7 +44,7 @@ from bench_anchors import (
     stop_server,
 )
 
-from broker.redis_server import start_private_redis, stop_private_redis
+from sluice.broker.redis_server import start_private_redis, stop_private_redis
 
 #: the anchors' client venv runs ``anchors_tools.py`` (wrk with CPU accounting)
 CLIENT_PYTHON = ANCHORS / "venv-client" / "bin" / "python"
@@ -136,8 +136,10 @@ def measure(args: argparse.Namespace, out: Path) -> list[tuple[dict, dict]]:
 def report(pairs: list[tuple[dict, dict]], args: argparse.Namespace) -> float:
     """Print the table and the median ratio; returns the median ratio."""
     print(f"\n{args.model} c={args.conc}, wrk over HTTP, binary tensors, {args.duration} s runs")
-    print("| pair | Triton infer/s | p50 µs | CPU µs/req | busy % | batch | Sluice infer/s "
-          "| p50 µs | CPU µs/req | Redis µs/req | busy % | batch | ratio |")
+    print(
+        "| pair | Triton infer/s | p50 µs | CPU µs/req | busy % | batch | Sluice infer/s "
+        "| p50 µs | CPU µs/req | Redis µs/req | busy % | batch | ratio |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     ratios = []
     for index, (t, s) in enumerate(pairs, 1):
@@ -184,8 +186,11 @@ def main() -> int:
         if not p.exists()
     ]
     if missing:
-        print(f"anchors missing ({', '.join(map(str, missing))}): run "
-              "../shared/bench/setup_anchors.sh", file=sys.stderr)
+        print(
+            f"anchors missing ({', '.join(map(str, missing))}): run "
+            "../shared/bench/setup_anchors.sh",
+            file=sys.stderr,
+        )
         return 2
     out = args.out or Path(tempfile.mkdtemp(prefix="sluice-pairs-"))
     out.mkdir(parents=True, exist_ok=True)

@@ -64,17 +64,17 @@ def _harness(batch: int, batches: int):  # type: ignore[no-untyped-def]
     from google.protobuf import text_format
     from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-    from broker.codec import encode_request
-    from broker.consumer import StreamConsumer
-    from broker.keys import KeySchema
-    from broker.messages import InferRequestMessage, WireTensor
-    from broker.producer import PAYLOAD_FIELD
-    from broker.resp import pack_pipeline
-    from broker.scheduling import ShapeKeys, StreamLayout, scheduling_policy
-    from broker.stats_store import StatsShard
-    from gpu_workers.backends.base import InstanceContext
-    from gpu_workers.backends.tensor_adapter import TensorBackendAdapter
-    from gpu_workers.loop import InstanceLoop, output_datatypes
+    from sluice.broker.codec import encode_request
+    from sluice.broker.consumer import StreamConsumer
+    from sluice.broker.keys import KeySchema
+    from sluice.broker.messages import InferRequestMessage, WireTensor
+    from sluice.broker.producer import PAYLOAD_FIELD
+    from sluice.broker.resp import pack_pipeline
+    from sluice.broker.scheduling import ShapeKeys, StreamLayout, scheduling_policy
+    from sluice.broker.stats_store import StatsShard
+    from sluice.gpu_workers.backends.base import InstanceContext
+    from sluice.gpu_workers.backends.tensor_adapter import TensorBackendAdapter
+    from sluice.gpu_workers.loop import InstanceLoop, output_datatypes
 
     config = text_format.Parse(CONFIG, ModelConfig())
     layout = StreamLayout(KeySchema("loopcost:"), "mlp", 1, scheduling_policy(config))

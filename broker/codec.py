@@ -12,7 +12,7 @@ from typing import Any
 
 import msgpack
 
-from broker.messages import (
+from sluice.broker.messages import (
     ErrorInfo,
     InferRequestMessage,
     InferResponseMessage,
@@ -139,9 +139,7 @@ def decode_response(payload: bytes) -> InferResponseMessage:
     """
     try:
         fields = msgpack.unpackb(payload, raw=False, use_list=False)
-        version, request_id, model, model_version, outputs, error, parameters, timings = (
-            fields[:8]
-        )
+        version, request_id, model, model_version, outputs, error, parameters, timings = fields[:8]
         load_id = fields[8] if len(fields) > 8 else ""  # a worker without it: ""
     except (ValueError, TypeError, IndexError, msgpack.UnpackException) as exc:
         raise CodecError(f"undecodable response message: {exc}") from exc

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 import redis
 import redis.exceptions
 
-from broker.codec import CodecError, decode_request, encode_response
-from broker.direct import DirectConnection
-from broker.keys import WORKER_GROUP
-from broker.messages import InferRequestMessage, InferResponseMessage
-from broker.producer import PAYLOAD_FIELD
-from broker.stats_store import StatsDelta, StatsShard
+from sluice.broker.codec import CodecError, decode_request, encode_response
+from sluice.broker.direct import DirectConnection
+from sluice.broker.keys import WORKER_GROUP
+from sluice.broker.messages import InferRequestMessage, InferResponseMessage
+from sluice.broker.producer import PAYLOAD_FIELD
+from sluice.broker.stats_store import StatsDelta, StatsShard
 
 logger = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ import msgpack
 import redis
 import redis.exceptions
 
-from broker.codec import CodecError, encode_response
-from broker.messages import ErrorInfo, InferResponseMessage
+from sluice.broker.codec import CodecError, encode_response
+from sluice.broker.messages import ErrorInfo, InferResponseMessage
 
 #: consumer group of the supervisor on the control stream.
 CONTROL_GROUP = "supervisor"

@@ -21,8 +21,8 @@ import hiredis
 import redis
 import redis.exceptions
 
-from broker.resp import pack_pipeline
-from broker.takeover import reply_parser
+from sluice.broker.resp import pack_pipeline
+from sluice.broker.takeover import reply_parser
 
 Command = Sequence[object]
 

@@ -57,7 +57,7 @@ class KeySchema:
         return f"{self.prefix}{{{model}}}:config:g{generation}"
 
     def deployment(self) -> str:
-        """Lease of the ``sluice serve`` owning this prefix (``gpu_workers.deployment_lease``)."""
+        """Lease of the ``sluice serve`` owning this prefix (``supervisor/deployment_lease.py``)."""
         return f"{self.prefix}deployment"
 
     def control(self) -> str:

@@ -10,23 +10,13 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 import redis
 import redis.asyncio
 
-from broker.keys import KeySchema
-
-
-class ModelState(StrEnum):
-    """Triton's model version states (repository index ``state``)."""
-
-    UNKNOWN = "UNKNOWN"
-    READY = "READY"
-    UNAVAILABLE = "UNAVAILABLE"
-    LOADING = "LOADING"
-    UNLOADING = "UNLOADING"
+from sluice.broker.keys import KeySchema
+from sluice.broker.states import InstanceState, ModelState
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,9 +143,9 @@ def count_live(raw: dict[bytes, bytes], now_ns: int) -> tuple[dict[str, str], in
             info = json.loads(info_raw)
         except ValueError:
             continue
-        states[name.decode()] = str(info.get("state", "UNKNOWN"))
+        states[name.decode()] = str(info.get("state", ModelState.UNKNOWN))
         beat = int(info.get("heartbeat_ns", 0) or 0)
-        if info.get("state") == "READY" and beat and now_ns - beat <= LIVE_HEARTBEAT_NS:
+        if info.get("state") == InstanceState.READY and beat and now_ns - beat <= LIVE_HEARTBEAT_NS:
             live += 1
     return states, live
 

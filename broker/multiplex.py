@@ -24,9 +24,9 @@ import hiredis
 import redis.asyncio
 import redis.exceptions
 
-from broker.resp import pack_pipeline
-from broker.scripts import Script
-from broker.takeover import RedisProtocol, open_with, reply_parser
+from sluice.broker.resp import pack_pipeline
+from sluice.broker.scripts import Script
+from sluice.broker.takeover import RedisProtocol, open_with, reply_parser
 
 logger = logging.getLogger(__name__)
 

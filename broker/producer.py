@@ -14,13 +14,13 @@ from typing import Any
 
 import redis.exceptions
 
-from broker.codec import encode_request
-from broker.errors import ErrorCode, SluiceError
-from broker.keys import WORKER_GROUP
-from broker.messages import InferRequestMessage
-from broker.multiplex import MultiplexedConnection
-from broker.scripts import BOUNDED_XADD, CANCEL_QUEUED
-from broker.stats_store import StatsDelta
+from sluice.broker.codec import encode_request
+from sluice.broker.errors import ErrorCode, SluiceError
+from sluice.broker.keys import WORKER_GROUP
+from sluice.broker.messages import InferRequestMessage
+from sluice.broker.multiplex import MultiplexedConnection
+from sluice.broker.scripts import BOUNDED_XADD, CANCEL_QUEUED
+from sluice.broker.stats_store import StatsDelta
 
 #: stream entry field that holds the encoded request.
 PAYLOAD_FIELD = b"m"

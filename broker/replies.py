@@ -20,12 +20,12 @@ import hiredis
 import redis.asyncio
 import redis.exceptions
 
-from broker.codec import CodecError, decode_response
-from broker.errors import ErrorCode, SluiceError
-from broker.messages import InferResponseMessage
-from broker.outage import OutageLog
-from broker.resp import pack_pipeline
-from broker.takeover import RedisProtocol, open_with, reply_parser
+from sluice.broker.codec import CodecError, decode_response
+from sluice.broker.errors import ErrorCode, SluiceError
+from sluice.broker.messages import InferResponseMessage
+from sluice.broker.outage import OutageLog
+from sluice.broker.resp import pack_pipeline
+from sluice.broker.takeover import RedisProtocol, open_with, reply_parser
 
 logger = logging.getLogger(__name__)
 

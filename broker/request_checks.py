@@ -17,9 +17,14 @@ from typing import Any, Protocol
 
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
 
-from broker.datatypes import ELEMENT_SIZES, config_to_protocol, deserialize_bytes, element_count
-from broker.errors import SluiceError, invalid_arg
-from broker.messages import RequestedOutput, WireTensor
+from sluice.broker.datatypes import (
+    ELEMENT_SIZES,
+    config_to_protocol,
+    deserialize_bytes,
+    element_count,
+)
+from sluice.broker.errors import SluiceError, invalid_arg
+from sluice.broker.messages import RequestedOutput, WireTensor
 
 __all__ = [
     "ModelRules",
@@ -153,7 +158,10 @@ def validate_request(
         if spec is not None and requested.class_count > 0 and spec.datatype in _UNCLASSIFIABLE:
             raise invalid_arg(
                 f"class result not available for output '{requested.name}' of model '{model}' "
-                f"due to unsupported type '{spec.datatype}'", model=model, tensor=requested.name)
+                f"due to unsupported type '{spec.datatype}'",
+                model=model,
+                tensor=requested.name,
+            )
         if requested.name not in view.outputs:
             raise invalid_arg(
                 f"unexpected inference output '{requested.name}' for model '{model}'",
@@ -223,9 +231,7 @@ def _batch_size(view: ModelRules, inputs: Sequence[WireTensor]) -> int:
     if batch is not None and batch < 1:
         # Triton core InferenceRequest::Normalize: a batching model's request holds at
         # least one sample
-        raise invalid_arg(
-            f"inference request batch-size must be >= 1 for '{model}'", model=model
-        )
+        raise invalid_arg(f"inference request batch-size must be >= 1 for '{model}'", model=model)
     batch = batch or 0
     if batch > view.max_batch_size:
         raise invalid_arg(

@@ -27,8 +27,8 @@ import hashlib
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 
-from broker.messages import WireTensor
-from broker.scripts import Script
+from sluice.broker.messages import WireTensor
+from sluice.broker.scripts import Script
 
 __all__ = ["CACHE_INSERT", "CACHE_LOOKUP", "parse_cache_config", "request_digest"]
 

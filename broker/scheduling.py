@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelQueuePolicy
 
-from batching import DynamicBatchingPolicy, QueuePolicy
-from broker.keys import KeySchema
-from broker.messages import WireTensor
+from sluice.batching import DynamicBatchingPolicy, QueuePolicy
+from sluice.broker.keys import KeySchema
+from sluice.broker.messages import WireTensor
 
 
 def _queue_policy(raw: ModelQueuePolicy) -> QueuePolicy:

@@ -42,9 +42,9 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from broker.keys import KeySchema
-from broker.latency_window import live_bucket_keys
-from broker.scripts import FOLD_STATS, READ_STATS
+from sluice.broker.keys import KeySchema
+from sluice.broker.latency_window import live_bucket_keys
+from sluice.broker.scripts import FOLD_STATS, READ_STATS
 
 FAIL_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 _DURATIONS = ("queue", "compute_input", "compute_infer", "compute_output")

@@ -23,17 +23,13 @@ import time
 
 import redis.exceptions
 
-from broker.consumer import Delivery, StreamConsumer
-from broker.model_store import ModelStore
-from broker.outage import OutageLog
-from gpu_workers.pulse import Pulse
+from sluice.broker.consumer import Delivery, StreamConsumer
+from sluice.broker.model_store import ModelStore
+from sluice.broker.outage import OutageLog
+from sluice.broker.states import RETIRED_HOLDING, InstanceState
+from sluice.gpu_workers.pulse import Pulse
 
 logger = logging.getLogger(__name__)
-
-#: reason of the STOPPED record that the model manager keeps for an instance of a
-#: replaced generation that still owns pending entries (a reload's old instance that
-#: was SIGKILLed or stopped past its drain timeout): claimed at once, then dropped.
-RETIRED_HOLDING = "retired holding requests"
 
 
 class Liveness:
@@ -85,7 +81,7 @@ class Liveness:
             target=self._beat_forever, name="sluice-heartbeat", daemon=True
         )
 
-    def beat(self, state: str = "READY") -> None:
+    def beat(self, state: InstanceState = InstanceState.READY) -> None:
         """Write this instance's state and heartbeat now."""
         self._store.set_instance(
             self._model,
@@ -165,7 +161,7 @@ class Liveness:
                 if name == self._instance:
                     continue
                 beat = int(info.get("heartbeat_ns", 0))
-                dead = info.get("state") in ("STOPPED", "UNAVAILABLE") or (
+                dead = info.get("state") in (InstanceState.STOPPED, InstanceState.UNAVAILABLE) or (
                     beat and now - beat > self._stale_ns
                 )
                 if dead:

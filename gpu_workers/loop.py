@@ -23,24 +23,24 @@ from dataclasses import dataclass
 import numpy as np
 import redis.exceptions
 
-from batching import Batch, DynamicBatcher, Pending, Rejected
-from broker.consumer import Delivery, StreamConsumer
-from broker.datatypes import config_to_protocol, serialize_bytes, to_numpy
-from broker.errors import SluiceError, stream_gone
-from broker.latency_window import LatencyRecorder
-from broker.messages import (
+from sluice.batching import Batch, DynamicBatcher, Pending, Rejected
+from sluice.broker.consumer import Delivery, StreamConsumer
+from sluice.broker.datatypes import config_to_protocol, serialize_bytes, to_numpy
+from sluice.broker.errors import SluiceError, stream_gone
+from sluice.broker.latency_window import LatencyRecorder
+from sluice.broker.messages import (
     ErrorInfo,
     InferRequestMessage,
     InferResponseMessage,
     RequestedOutput,
     WireTensor,
 )
-from broker.outage import OutageLog
-from broker.request_checks import RequestRules, validate_request
-from broker.scheduling import ShapeKeys, StreamLayout
-from broker.stats_store import ExecutionTimes, StatsDelta, StatsShard
-from gpu_workers.backends.base import Backend, InferError, InferRequest, InferResponse
-from gpu_workers.classification import classify
+from sluice.broker.outage import OutageLog
+from sluice.broker.request_checks import RequestRules, validate_request
+from sluice.broker.scheduling import ShapeKeys, StreamLayout
+from sluice.broker.stats_store import ExecutionTimes, StatsDelta, StatsShard
+from sluice.gpu_workers.backends.base import Backend, InferError, InferRequest, InferResponse
+from sluice.gpu_workers.classification import classify
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def _wire(name: str, datatype: str, array: np.ndarray) -> WireTensor:
 
 def output_datatypes(config: object) -> dict[str, str]:
     """Output name -> protocol datatype of a ``ModelConfig``."""
-    from gpu_workers.backends.tensor_adapter import model_config_type_name
+    from sluice.gpu_workers.backends.tensor_adapter import model_config_type_name
 
     return {
         o.name: config_to_protocol(model_config_type_name(o.data_type))

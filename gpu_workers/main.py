@@ -1,4 +1,4 @@
-"""Worker process entry: one model instance (``sluice worker`` / ``python -m gpu_workers.main``).
+"""Worker process entry: one model instance (``sluice worker`` / ``python -m sluice.gpu_workers.main``).
 
 Reads the effective config the supervisor published in Redis, loads the
 backend, reports the instance READY (or UNAVAILABLE with the reason, then
@@ -23,27 +23,28 @@ import redis
 from google.protobuf import json_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from broker.consumer import StreamConsumer
-from broker.keys import KeySchema
-from broker.logs import LogOptions, configure_logging
-from broker.model_store import ModelState, ModelStore
-from broker.request_checks import RequestRules
-from broker.scheduling import ShapeKeys, StreamLayout, scheduling_policy
-from broker.settings import RedisSettings
-from broker.stats_store import fold_stats_shards, open_stats_shard
-from gpu_workers.backends.base import InstanceContext, ModelCodeError
-from gpu_workers.backends.registry import backend_class
-from gpu_workers.classification import read_labels
-from gpu_workers.liveness import Liveness
-from gpu_workers.loop import DRAIN_LIMIT_NS, InstanceLoop, output_datatypes
-from gpu_workers.processes import (
+from sluice.broker.consumer import StreamConsumer
+from sluice.broker.keys import KeySchema
+from sluice.broker.logs import LogOptions, configure_logging
+from sluice.broker.model_store import ModelStore
+from sluice.broker.request_checks import RequestRules
+from sluice.broker.scheduling import ShapeKeys, StreamLayout, scheduling_policy
+from sluice.broker.settings import RedisSettings
+from sluice.broker.states import InstanceState, ModelState
+from sluice.broker.stats_store import fold_stats_shards, open_stats_shard
+from sluice.gpu_workers.backends.base import InstanceContext, ModelCodeError
+from sluice.gpu_workers.backends.registry import backend_class
+from sluice.gpu_workers.classification import read_labels
+from sluice.gpu_workers.liveness import Liveness
+from sluice.gpu_workers.loop import DRAIN_LIMIT_NS, InstanceLoop, output_datatypes
+from sluice.gpu_workers.processes import (
     EXIT_GRACE_S,
     HAND_OVER_SIGNAL,
     exit_deadline,
     triton_instance_name,
 )
-from gpu_workers.pulse import Pulse
-from gpu_workers.warmup import run_warmup
+from sluice.gpu_workers.pulse import Pulse
+from sluice.gpu_workers.warmup import run_warmup
 
 logger = logging.getLogger("gpu_workers")
 
@@ -66,9 +67,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=os.environ.get("SLUICE_REDIS__KEY_PREFIX", RedisSettings().key_prefix),
     )
     parser.add_argument("--log-verbose", type=int, default=0)
-    parser.add_argument("--config-key", default=None,
-                        help="Redis key of the config to start with (default: the model's "
-                             "published config)")
+    parser.add_argument(
+        "--config-key",
+        default=None,
+        help="Redis key of the config to start with (default: the model's published config)",
+    )
     parser.add_argument(
         "--drain-timeout-secs",
         type=float,
@@ -101,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     store = ModelStore(client, keys)
 
-    def report(state: str, reason: str = "") -> None:
+    def report(state: InstanceState, reason: str = "") -> None:
         store.set_instance(
             args.model,
             args.version,
@@ -109,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             {"state": state, "reason": reason, "pid": os.getpid()},
         )
 
-    report("LOADING")
+    report(InstanceState.LOADING)
     try:
         if args.config_key:
             raw = client.get(args.config_key)
@@ -139,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         run_warmup(backend, ctx)  # model_warmup runs before the instance is READY
     except Exception as exc:
         log_load_failure(args.instance, args.model, exc)
-        report("UNAVAILABLE", str(exc) or type(exc).__name__)
+        report(InstanceState.UNAVAILABLE, str(exc) or type(exc).__name__)
         return 1
 
     keys_layout = StreamLayout(keys, args.model, args.version, scheduling_policy(config))
@@ -201,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, terminate)
     signal.signal(signal.SIGINT, terminate)
     signal.signal(HAND_OVER_SIGNAL, hand_over)
-    report("READY")
+    report(InstanceState.READY)
     liveness.start()
     logger.info(
         "instance %s of model '%s' version %d is ready", args.instance, args.model, args.version
@@ -214,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         liveness.stop()
         backend.finalize()
         try:
-            report("STOPPED")
+            report(InstanceState.STOPPED)
         except redis.exceptions.RedisError as exc:
             # its heartbeat stops: gateways take it for dead, and so does recovery
             logger.warning("instance %s: state STOPPED not written (%s)", args.instance, exc)
@@ -248,8 +251,6 @@ def log_load_failure(instance: str, model: str, exc: BaseException) -> None:
     logger.error(
         "instance %s of model '%s' failed to load: %s", instance, model, reason, exc_info=shown
     )
-
-
 
 
 def _await_publication(store: ModelStore, args: argparse.Namespace, stopping: Event) -> bool:

@@ -124,7 +124,7 @@ class Spawner:
         instance.process = self.spawn(
             [
                 "-m",
-                "gpu_workers.main",
+                "sluice.gpu_workers.main",
                 "--model",
                 instance.model,
                 "--version",

@@ -8,7 +8,7 @@ ran it a second time, and with one instance the gateways reported the model and 
 server not ready. Triton's Python backend judges its stub by whether the process is
 there, not by a beat that the model's code can hold up.
 
-:class:`Pulse` starts ``python -m gpu_workers.pulse`` beside the instance (and again
+:class:`Pulse` starts ``python -m sluice.gpu_workers.pulse`` beside the instance (and again
 if it exits). Once a second, while the instance process lives (it is this process's
 parent; the pulse also gets SIGTERM when it dies, ``PR_SET_PDEATHSIG``), it sets the
 ``heartbeat_ns`` of the instance's record to the current wall-clock time, and only
@@ -29,7 +29,7 @@ import time
 
 import redis
 
-from gpu_workers.processes import start_child, terminate
+from sluice.gpu_workers.processes import start_child, terminate
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class Pulse:
     ) -> None:
         self._env = dict(os.environ, **{_URL_ENV: redis_url})
         self._command = [
-            sys.executable, "-m", "gpu_workers.pulse", "--key", instances_key,
+            sys.executable, "-m", "sluice.gpu_workers.pulse", "--key", instances_key,
             "--instance", instance, "--pid", str(os.getpid()), "--interval", str(interval_s),
         ]  # fmt: skip
         self._instance = instance
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     (SIGTERM from it, or with its death), not at a terminal's Ctrl-C, which the
     instance's heartbeat thread had taken for a pulse that died and started again, with a
     warning, at every Ctrl-C (fresh-user finding)."""
-    parser = argparse.ArgumentParser(prog="python -m gpu_workers.pulse", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m sluice.gpu_workers.pulse", description=__doc__)
     parser.add_argument("--key", required=True, help="the version's instances hash")
     parser.add_argument("--instance", required=True, help="the instance's field in it")
     parser.add_argument("--pid", required=True, type=int, help="the instance's process id")

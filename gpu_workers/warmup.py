@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
 
-from broker.datatypes import NUMPY_DTYPES, protocol_to_config
-from gpu_workers.backends.base import Backend, InferError, InferRequest, InstanceContext
+from sluice.broker.datatypes import NUMPY_DTYPES, protocol_to_config
+from sluice.gpu_workers.backends.base import Backend, InferError, InferRequest, InstanceContext
 
 __all__ = ["WarmupError", "build_requests", "run_warmup"]
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig, ModelInput, ModelOutput
 
-from repository.errors import ConfigError
+from sluice.repository.errors import ConfigError
 
 __all__ = [
     "ONNX_TO_CONFIG",

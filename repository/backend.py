@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from repository.errors import ConfigError
+from sluice.repository.errors import ConfigError
 
 __all__ = ["ENSEMBLE_PLATFORM", "resolve_backend"]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from repository.errors import ConfigError
+from sluice.repository.errors import ConfigError
 
 __all__ = ["CONFIG_FILENAME", "find_config_file", "parse_config_text", "read_model_config"]
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from repository.backend import resolve_backend
-from repository.config import find_config_file, read_model_config
-from repository.errors import ConfigError, RepositoryError
-from repository.normalize import normalize
-from repository.scan import ModelSource, version_directories
-from repository.validate import validate
-from repository.version_policy import select_versions
+from sluice.repository.backend import resolve_backend
+from sluice.repository.config import find_config_file, read_model_config
+from sluice.repository.errors import ConfigError, RepositoryError
+from sluice.repository.normalize import normalize
+from sluice.repository.scan import ModelSource, version_directories
+from sluice.repository.validate import validate
+from sluice.repository.version_policy import select_versions
 
 __all__ = ["AutocompleteHook", "LoadedConfig", "load_model_config"]
 

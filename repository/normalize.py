@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelInstanceGroup
 
-from repository.backend import ENSEMBLE_PLATFORM
+from sluice.repository.backend import ENSEMBLE_PLATFORM
 
 __all__ = ["DEFAULT_SEQUENCE_IDLE_US", "is_ensemble", "normalize"]
 
@@ -64,9 +64,7 @@ def _resolve_kind(group: ModelInstanceGroup, gpu_ids: Sequence[int], auto_gpu: b
         group.kind = ModelInstanceGroup.KIND_CPU
 
 
-def _normalize_instance_groups(
-    config: ModelConfig, gpu_ids: Sequence[int], auto_gpu: bool
-) -> None:
+def _normalize_instance_groups(config: ModelConfig, gpu_ids: Sequence[int], auto_gpu: bool) -> None:
     """Triton model_config.proto: instance_group name, kind, count and gpus defaults."""
     if not config.instance_group:
         config.instance_group.add(name=config.name)

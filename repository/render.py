@@ -14,7 +14,7 @@ from typing import Any
 from google.protobuf import json_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from repository.errors import ConfigError
+from sluice.repository.errors import ConfigError
 
 __all__ = ["config_from_json", "config_to_json"]
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from repository.errors import RepositoryError
+from sluice.repository.errors import RepositoryError
 
 __all__ = ["ModelSource", "ScanResult", "scan_repositories", "version_directories"]
 

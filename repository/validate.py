@@ -17,9 +17,9 @@ from tritonclient.grpc.model_config_pb2 import (
     ModelOutput,
 )
 
-from repository.backend import ENSEMBLE_PLATFORM
-from repository.errors import ConfigError
-from repository.normalize import is_ensemble
+from sluice.repository.backend import ENSEMBLE_PLATFORM
+from sluice.repository.errors import ConfigError
+from sluice.repository.normalize import is_ensemble
 
 __all__ = ["validate"]
 

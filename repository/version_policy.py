@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from repository.errors import ConfigError
+from sluice.repository.errors import ConfigError
 
 __all__ = ["select_versions"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from broker.redis_server import redis_answers, start_private_redis, stop_private_redis
+from sluice.broker.redis_server import redis_answers, start_private_redis, stop_private_redis
 
 TESTS = Path(__file__).parent
 

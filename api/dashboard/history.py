@@ -18,9 +18,9 @@ from typing import Any
 import redis.asyncio
 import redis.exceptions
 
-from api.metrics.snapshot import VersionSample, read_versions
-from api.periodic import Periodic
-from broker.keys import KeySchema
+from sluice.api.metrics.snapshot import VersionSample, read_versions
+from sluice.api.periodic import Periodic
+from sluice.broker.keys import KeySchema
 
 __all__ = ["DashboardHistory", "Point"]
 

@@ -9,8 +9,8 @@ from fastapi import APIRouter, FastAPI
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from api.dashboard.history import DashboardHistory
-from api.http.responses import json_response
+from sluice.api.dashboard.history import DashboardHistory
+from sluice.api.http.responses import json_response
 
 __all__ = ["mount_dashboard", "router"]
 

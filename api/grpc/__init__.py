@@ -4,5 +4,5 @@ from __future__ import annotations
 
 __all__ = ["GrpcFrontEnd", "InferenceServicer", "build_servicer"]
 
-from api.grpc.server import GrpcFrontEnd
-from api.grpc.servicer import InferenceServicer, build_servicer
+from sluice.api.grpc.server import GrpcFrontEnd
+from sluice.api.grpc.servicer import InferenceServicer, build_servicer

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2
 
-from api.outputs import select_outputs
-from api.parameters import (
+from sluice.api.outputs import select_outputs
+from sluice.api.parameters import (
     UInt64,
     check_datatype,
     check_request_parameters,
@@ -35,9 +35,9 @@ from api.parameters import (
     is_uint,
     shared_memory_unsupported,
 )
-from broker.datatypes import NUMPY_DTYPES, serialize_bytes
-from broker.errors import SluiceError, invalid_arg
-from broker.messages import ParameterValue, RequestedOutput, WireTensor
+from sluice.broker.datatypes import NUMPY_DTYPES, serialize_bytes
+from sluice.broker.errors import SluiceError, invalid_arg
+from sluice.broker.messages import ParameterValue, RequestedOutput, WireTensor
 
 __all__ = [
     "GrpcInferRequest",

@@ -24,11 +24,11 @@ from typing import Any
 import grpc
 import redis.exceptions
 
-from api.access import AccessPolicy
-from api.errors import grpc_status
-from api.grpc.registration import Unparsed
-from broker.errors import ErrorCode, SluiceError
-from broker.outage import OutageLog
+from sluice.api.access import AccessPolicy
+from sluice.api.errors import grpc_status
+from sluice.api.grpc.registration import Unparsed
+from sluice.broker.errors import ErrorCode, SluiceError
+from sluice.broker.outage import OutageLog
 
 __all__ = ["RPC_GROUPS", "guard_servicer", "metadata_dict", "translate"]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from api.dataplane import DataPlane
+from sluice.api.dataplane import DataPlane
 
 __all__ = ["ReadinessHealthServicer", "add_health_servicer"]
 

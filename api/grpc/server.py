@@ -15,11 +15,11 @@ from pathlib import Path
 
 import grpc
 
-from api.dataplane import DataPlane
-from api.grpc.health import add_health_servicer
-from api.grpc.registration import add_servicer
-from api.grpc.servicer import build_servicer
-from api.settings import GrpcSettings
+from sluice.api.dataplane import DataPlane
+from sluice.api.grpc.health import add_health_servicer
+from sluice.api.grpc.registration import add_servicer
+from sluice.api.grpc.servicer import build_servicer
+from sluice.api.settings import GrpcSettings
 
 __all__ = ["GrpcFrontEnd", "server_options"]
 

@@ -20,19 +20,19 @@ import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from api.access import GRPC_HEADER_PREFIX, AccessPolicy
-from api.dataplane import DataPlane
-from api.grpc.codec import (
+from sluice.api.access import GRPC_HEADER_PREFIX, AccessPolicy
+from sluice.api.dataplane import DataPlane
+from sluice.api.grpc.codec import (
     encode_infer_response,
     parameter_value,
     parse_infer_request,
     parse_version,
 )
-from api.grpc.guard import REDIS_OUTAGE, RPC_GROUPS, guard_servicer, translate
-from api.repository_params import load_parameters, unload_dependents
-from api.shared_memory import SHM_DISABLED
-from api.trace import TRACE_UNSUPPORTED
-from broker.errors import ErrorCode, SluiceError
+from sluice.api.grpc.guard import REDIS_OUTAGE, RPC_GROUPS, guard_servicer, translate
+from sluice.api.repository_params import load_parameters, unload_dependents
+from sluice.api.shared_memory import SHM_DISABLED
+from sluice.api.trace import TRACE_UNSUPPORTED
+from sluice.broker.errors import ErrorCode, SluiceError
 
 __all__ = ["InferenceServicer", "build_servicer"]
 
@@ -248,9 +248,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                     # refused: end the stream instead of holding the exit up for it (a
                     # status set and a return: context.abort could drop the last answer)
                     context.set_code(grpc.StatusCode.UNAVAILABLE)
-                    context.set_details(
-                        "Server exiting: every request of this stream was answered"
-                    )
+                    context.set_details("Server exiting: every request of this stream was answered")
                     return
             await reader  # re-raise a read failure (client went away)
         finally:
@@ -279,8 +277,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     ) -> service_pb2.RepositoryModelLoadResponse:
         """Load / reload (explicit model control mode only)."""
         _refuse_named_repository(request.repository_name)
-        items = [(key, getattr(value, value.WhichOneof("parameter_choice") or "string_param"))
-                 for key, value in request.parameters.items()]
+        items = [
+            (key, getattr(value, value.WhichOneof("parameter_choice") or "string_param"))
+            for key, value in request.parameters.items()
+        ]
         config_json, files = load_parameters(request.model_name, items, files_base64=False)
         await self._dp.load_model(request.model_name, config_json, files)
         return service_pb2.RepositoryModelLoadResponse()
@@ -292,10 +292,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     ) -> service_pb2.RepositoryModelUnloadResponse:
         """Unload (explicit model control mode only)."""
         _refuse_named_repository(request.repository_name)
-        params = {key: getattr(value, value.WhichOneof("parameter_choice") or "bool_param")
-                  for key, value in request.parameters.items()}
-        await self._dp.unload_model(request.model_name,
-                                    unload_dependents(request.model_name, params))
+        params = {
+            key: getattr(value, value.WhichOneof("parameter_choice") or "bool_param")
+            for key, value in request.parameters.items()
+        }
+        await self._dp.unload_model(
+            request.model_name, unload_dependents(request.model_name, params)
+        )
         return service_pb2.RepositoryModelUnloadResponse()
 
     # -- shared memory, trace, logging --------------------------------------------------

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.access import AccessPolicy, http_group
-from api.http.responses import error_response
+from sluice.api.access import AccessPolicy, http_group
+from sluice.api.http.responses import error_response
 
 
 class RestrictedApiMiddleware:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip
 import zlib
 
-from broker.errors import ErrorCode, SluiceError, invalid_arg
+from sluice.broker.errors import ErrorCode, SluiceError, invalid_arg
 
 
 def decompress(body: bytes, encoding: str | None, limit_bytes: int) -> bytes:

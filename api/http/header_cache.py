@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from api.http.infer_codec import BinaryLayout, HttpInferRequest, parse_with_layout
-from broker.request_checks import TensorSpec
+from sluice.api.http.infer_codec import BinaryLayout, HttpInferRequest, parse_with_layout
+from sluice.broker.request_checks import TensorSpec
 
 __all__ = ["CachedHeader", "HeaderCache"]
 

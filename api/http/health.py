@@ -6,8 +6,8 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api.http.responses import dataplane, empty, error_response
-from broker.errors import SluiceError
+from sluice.api.http.responses import dataplane, empty, error_response
+from sluice.broker.errors import SluiceError
 
 router = APIRouter(tags=["health"])
 

@@ -22,15 +22,15 @@ import redis.exceptions
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
-from api.dataplane import DataPlane, InferResult
-from api.errors import http_status
-from api.http.body import compress, decompress, negotiate_encoding
-from api.http.header_cache import CachedHeader, HeaderCache
-from api.http.infer_codec import HttpInferRequest, encode_infer_response, parse_infer_request
-from api.models import ModelView
-from broker.errors import SluiceError, invalid_arg
-from broker.messages import InferResponseMessage
-from broker.outage import OutageLog
+from sluice.api.dataplane import DataPlane, InferResult
+from sluice.api.errors import http_status
+from sluice.api.http.body import compress, decompress, negotiate_encoding
+from sluice.api.http.header_cache import CachedHeader, HeaderCache
+from sluice.api.http.infer_codec import HttpInferRequest, encode_infer_response, parse_infer_request
+from sluice.api.models import ModelView
+from sluice.broker.errors import SluiceError, invalid_arg
+from sluice.broker.messages import InferResponseMessage
+from sluice.broker.outage import OutageLog
 
 logger = logging.getLogger(__name__)
 #: one line per Redis outage, not one per failed request

@@ -23,8 +23,8 @@ import numpy as np
 import orjson
 import rapidjson
 
-from api.outputs import select_outputs
-from api.parameters import (
+from sluice.api.outputs import select_outputs
+from sluice.api.parameters import (
     check_datatype,
     check_request_parameters,
     duplicate_tensor,
@@ -32,16 +32,16 @@ from api.parameters import (
     is_uint,
     shared_memory_unsupported,
 )
-from broker.datatypes import (
+from sluice.broker.datatypes import (
     ELEMENT_SIZES,
     NUMPY_DTYPES,
     deserialize_bytes,
     element_count,
     serialize_bytes,
 )
-from broker.errors import ErrorCode, SluiceError, invalid_arg
-from broker.messages import ParameterValue, RequestedOutput, WireTensor
-from broker.request_checks import TensorSpec, negative_shape
+from sluice.broker.errors import ErrorCode, SluiceError, invalid_arg
+from sluice.broker.messages import ParameterValue, RequestedOutput, WireTensor
+from sluice.broker.request_checks import TensorSpec, negative_shape
 
 __all__ = [
     "BinaryLayout",
@@ -161,8 +161,9 @@ class BinaryLayout:
         tensors = []
         for tensor, size in zip(self.request.inputs, self.sizes, strict=True):
             tensors.append(
-                WireTensor(tensor.name, tensor.datatype, tensor.shape,
-                           bytes(view[offset : offset + size]))
+                WireTensor(
+                    tensor.name, tensor.datatype, tensor.shape, bytes(view[offset : offset + size])
+                )
             )
             offset += size
         request = self.request
@@ -275,8 +276,7 @@ def _parse_raw_request(
     if spec.datatype == "BYTES":
         if variable != -1 or elements != 1:
             raise invalid_arg(
-                f"For BYTE datatype raw input '{spec.name}', the model must have input "
-                "shape [1]",
+                f"For BYTE datatype raw input '{spec.name}', the model must have input shape [1]",
                 model=model,
                 tensor=spec.name,
             )

@@ -7,8 +7,8 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api.http.responses import dataplane, json_response
-from broker.errors import invalid_arg
+from sluice.api.http.responses import dataplane, json_response
+from sluice.broker.errors import invalid_arg
 
 router = APIRouter(tags=["logging"])
 

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api.http.responses import dataplane, json_response
+from sluice.api.http.responses import dataplane, json_response
 
 router = APIRouter(tags=["metadata"])
 

@@ -39,8 +39,8 @@ from typing import Any
 
 import httptools
 
-from api.http.coalescing import CoalescingHttpToolsProtocol, CoalescingTransport
-from api.http.infer import InferEndpoint, cancel_unanswered
+from sluice.api.http.coalescing import CoalescingHttpToolsProtocol, CoalescingTransport
+from sluice.api.http.infer import InferEndpoint, cancel_unanswered
 
 #: most bytes a request line and its headers may take, in bytes.
 MAX_HEAD_BYTES = 1 << 20

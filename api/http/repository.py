@@ -7,9 +7,9 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api.http.responses import dataplane, empty, json_response
-from api.repository_params import load_parameters, unload_dependents
-from broker.errors import ErrorCode, SluiceError, invalid_arg
+from sluice.api.http.responses import dataplane, empty, json_response
+from sluice.api.repository_params import load_parameters, unload_dependents
+from sluice.broker.errors import ErrorCode, SluiceError, invalid_arg
 
 router = APIRouter(tags=["model repository"])
 

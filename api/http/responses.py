@@ -8,7 +8,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api.dataplane import DataPlane
+from sluice.api.dataplane import DataPlane
 
 
 def json_response(content: Any, status_code: int = 200) -> Response:

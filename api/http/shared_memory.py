@@ -8,9 +8,9 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.responses import Response
 
-from api.http.responses import json_response
-from api.shared_memory import SHM_DISABLED
-from broker.errors import ErrorCode, SluiceError
+from sluice.api.http.responses import json_response
+from sluice.api.shared_memory import SHM_DISABLED
+from sluice.broker.errors import ErrorCode, SluiceError
 
 router = APIRouter(tags=["shared memory"])
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.responses import Response
 
-from api.trace import TRACE_UNSUPPORTED
-from broker.errors import ErrorCode, SluiceError
+from sluice.api.trace import TRACE_UNSUPPORTED
+from sluice.broker.errors import ErrorCode, SluiceError
 
 router = APIRouter(tags=["trace"])
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from api.metrics.exposition import CONTENT_TYPE, Family, render
-from api.metrics.server import create_metrics_app
-from api.metrics.service import MetricsService
+from sluice.api.metrics.exposition import CONTENT_TYPE, Family, render
+from sluice.api.metrics.server import create_metrics_app
+from sluice.api.metrics.service import MetricsService
 
 __all__ = ["CONTENT_TYPE", "Family", "MetricsService", "create_metrics_app", "render"]

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from api.metrics.exposition import Family
-from api.metrics.snapshot import VersionSample
-from broker.latency_window import DEFAULT_QUANTILES, quantile
-from broker.stats_store import FAIL_REASONS
+from sluice.api.metrics.exposition import Family
+from sluice.api.metrics.snapshot import VersionSample
+from sluice.broker.latency_window import DEFAULT_QUANTILES, quantile
+from sluice.broker.stats_store import FAIL_REASONS
 
 __all__ = [
     "CACHE_METRICS",
@@ -24,73 +24,136 @@ __all__ = [
 
 #: (name, type, help, stats field or None) of Triton's per-model metrics we expose.
 TRITON_MODEL_METRICS: tuple[tuple[str, str, str], ...] = (
-    ("nv_inference_request_success", "counter",
-     "Number of successful inference requests, all batch sizes"),
-    ("nv_inference_request_failure", "counter",
-     "Number of failed inference requests, all batch sizes"),
-    ("nv_inference_count", "counter",
-     "Number of inferences performed (does not include cached requests)"),
-    ("nv_inference_exec_count", "counter",
-     "Number of model executions performed (does not include cached requests)"),
-    ("nv_inference_pending_request_count", "gauge",
-     "Instantaneous number of pending requests awaiting execution per-model."),
+    (
+        "nv_inference_request_success",
+        "counter",
+        "Number of successful inference requests, all batch sizes",
+    ),
+    (
+        "nv_inference_request_failure",
+        "counter",
+        "Number of failed inference requests, all batch sizes",
+    ),
+    (
+        "nv_inference_count",
+        "counter",
+        "Number of inferences performed (does not include cached requests)",
+    ),
+    (
+        "nv_inference_exec_count",
+        "counter",
+        "Number of model executions performed (does not include cached requests)",
+    ),
+    (
+        "nv_inference_pending_request_count",
+        "gauge",
+        "Instantaneous number of pending requests awaiting execution per-model.",
+    ),
     ("nv_model_load_duration_secs", "gauge", "Model load time in seconds"),
-    ("nv_inference_request_duration_us", "counter",
-     "Cumulative inference request duration in microseconds (includes cached requests)"),
-    ("nv_inference_queue_duration_us", "counter",
-     "Cumulative inference queuing duration in microseconds (includes cached requests)"),
-    ("nv_inference_compute_input_duration_us", "counter",
-     "Cumulative compute input duration in microseconds (does not include cached requests)"),
-    ("nv_inference_compute_infer_duration_us", "counter",
-     "Cumulative compute inference duration in microseconds (does not include cached requests)"),
-    ("nv_inference_compute_output_duration_us", "counter",
-     "Cumulative inference compute output duration in microseconds "
-     "(does not include cached requests)"),
+    (
+        "nv_inference_request_duration_us",
+        "counter",
+        "Cumulative inference request duration in microseconds (includes cached requests)",
+    ),
+    (
+        "nv_inference_queue_duration_us",
+        "counter",
+        "Cumulative inference queuing duration in microseconds (includes cached requests)",
+    ),
+    (
+        "nv_inference_compute_input_duration_us",
+        "counter",
+        "Cumulative compute input duration in microseconds (does not include cached requests)",
+    ),
+    (
+        "nv_inference_compute_infer_duration_us",
+        "counter",
+        "Cumulative compute inference duration in microseconds (does not include cached requests)",
+    ),
+    (
+        "nv_inference_compute_output_duration_us",
+        "counter",
+        "Cumulative inference compute output duration in microseconds "
+        "(does not include cached requests)",
+    ),
 )
 
 #: Triton's latency summaries (``--metrics-config summary_latencies=true``): (name, help,
 #: histogram kind, stats field prefix of ``_count``/``_sum``). Help texts as Triton 2.51
 #: writes them (the compute ones repeat the counters').
 SUMMARY_METRICS: tuple[tuple[str, str, str, str], ...] = (
-    ("nv_inference_request_summary_us",
-     "Summary of inference request duration in microseconds (includes cached requests)",
-     "request", "success"),
-    ("nv_inference_queue_summary_us",
-     "Summary of inference queuing duration in microseconds (includes cached requests)",
-     "queue", "queue"),
-    ("nv_inference_compute_input_summary_us",
-     "Cumulative compute input duration in microseconds (does not include cached requests)",
-     "compute_input", "compute_input"),
-    ("nv_inference_compute_infer_summary_us",
-     "Cumulative compute inference duration in microseconds (does not include cached requests)",
-     "compute_infer", "compute_infer"),
-    ("nv_inference_compute_output_summary_us",
-     "Cumulative inference compute output duration in microseconds "
-     "(does not include cached requests)",
-     "compute_output", "compute_output"),
+    (
+        "nv_inference_request_summary_us",
+        "Summary of inference request duration in microseconds (includes cached requests)",
+        "request",
+        "success",
+    ),
+    (
+        "nv_inference_queue_summary_us",
+        "Summary of inference queuing duration in microseconds (includes cached requests)",
+        "queue",
+        "queue",
+    ),
+    (
+        "nv_inference_compute_input_summary_us",
+        "Cumulative compute input duration in microseconds (does not include cached requests)",
+        "compute_input",
+        "compute_input",
+    ),
+    (
+        "nv_inference_compute_infer_summary_us",
+        "Cumulative compute inference duration in microseconds (does not include cached requests)",
+        "compute_infer",
+        "compute_infer",
+    ),
+    (
+        "nv_inference_compute_output_summary_us",
+        "Cumulative inference compute output duration in microseconds "
+        "(does not include cached requests)",
+        "compute_output",
+        "compute_output",
+    ),
 )
 
 #: Triton's per-model response cache counters (only while the cache is on): (name, help,
 #: stats field). Help texts as Triton 2.51 writes them.
 CACHE_METRICS: tuple[tuple[str, str, str], ...] = (
     ("nv_cache_num_hits_per_model", "Number of cache hits per model", "cache_hit_count"),
-    ("nv_cache_hit_duration_per_model",
-     "Total cache hit duration per model, in microseconds", "cache_hit_ns"),
+    (
+        "nv_cache_hit_duration_per_model",
+        "Total cache hit duration per model, in microseconds",
+        "cache_hit_ns",
+    ),
     ("nv_cache_num_misses_per_model", "Number of cache misses per model", "cache_miss_count"),
-    ("nv_cache_miss_duration_per_model",
-     "Total cache miss (insert+lookup) duration per model, in microseconds", "cache_miss_ns"),
+    (
+        "nv_cache_miss_duration_per_model",
+        "Total cache miss (insert+lookup) duration per model, in microseconds",
+        "cache_miss_ns",
+    ),
 )
 
 #: Sluice's own per-model-version gauges (what an autoscaler scales workers on).
 SLUICE_MODEL_METRICS: tuple[tuple[str, str, str], ...] = (
-    ("sluice_queue_depth", "gauge",
-     "Requests queued on the model version's streams that no instance has taken yet"),
-    ("sluice_queue_oldest_age_seconds", "gauge",
-     "Age of the oldest request no instance has taken yet, in seconds (0 when none)"),
-    ("sluice_queue_pending", "gauge",
-     "Requests taken by an instance and not yet answered (held or executing)"),
-    ("sluice_instances_live", "gauge",
-     "Instances of the model version that are READY with a fresh heartbeat"),
+    (
+        "sluice_queue_depth",
+        "gauge",
+        "Requests queued on the model version's streams that no instance has taken yet",
+    ),
+    (
+        "sluice_queue_oldest_age_seconds",
+        "gauge",
+        "Age of the oldest request no instance has taken yet, in seconds (0 when none)",
+    ),
+    (
+        "sluice_queue_pending",
+        "gauge",
+        "Requests taken by an instance and not yet answered (held or executing)",
+    ),
+    (
+        "sluice_instances_live",
+        "gauge",
+        "Instances of the model version that are READY with a fresh heartbeat",
+    ),
 )
 
 _DURATIONS = {
@@ -140,8 +203,9 @@ def model_families(
             labels = {"model": sample.model, "version": str(sample.version)}
             if name == "nv_inference_request_failure":
                 for reason in FAIL_REASONS:
-                    family.add({**labels, "reason": reason},
-                               sample.stats.get(f"fail_reason:{reason}"))
+                    family.add(
+                        {**labels, "reason": reason}, sample.stats.get(f"fail_reason:{reason}")
+                    )
             elif name == "nv_inference_pending_request_count":
                 family.add(labels, sample.queue.depth + sample.queue.pending)
             elif name == "nv_model_load_duration_secs":
@@ -173,8 +237,9 @@ def model_families(
     for name, kind, help_text in SLUICE_MODEL_METRICS:
         family = Family(name, kind, help_text)
         for sample in ready:
-            family.add({"model": sample.model, "version": str(sample.version)},
-                       values[name](sample))
+            family.add(
+                {"model": sample.model, "version": str(sample.version)}, values[name](sample)
+            )
         families.append(family)
     return families
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from api.metrics.exposition import Family
+from sluice.api.metrics.exposition import Family
 
 __all__ = ["GpuReading", "HostSampler"]
 
@@ -151,19 +151,42 @@ class HostSampler:
         out: list[Family] = []
         if self.gpus:
             specs: list[tuple[str, str, str, Any]] = [
-                ("nv_gpu_utilization", "gauge", "GPU utilization rate [0.0 - 1.0)",
-                 lambda g: g.utilization),
-                ("nv_gpu_memory_total_bytes", "gauge", "GPU total memory, in bytes",
-                 lambda g: g.memory_total_bytes),
-                ("nv_gpu_memory_used_bytes", "gauge", "GPU used memory, in bytes",
-                 lambda g: g.memory_used_bytes),
-                ("nv_gpu_power_usage", "gauge", "GPU power usage in watts",
-                 lambda g: g.power_usage_w),
-                ("nv_gpu_power_limit", "gauge", "GPU power management limit in watts",
-                 lambda g: g.power_limit_w),
-                ("nv_energy_consumption", "counter",
-                 "GPU energy consumption in joules since the server started",
-                 lambda g: g.energy_j),
+                (
+                    "nv_gpu_utilization",
+                    "gauge",
+                    "GPU utilization rate [0.0 - 1.0)",
+                    lambda g: g.utilization,
+                ),
+                (
+                    "nv_gpu_memory_total_bytes",
+                    "gauge",
+                    "GPU total memory, in bytes",
+                    lambda g: g.memory_total_bytes,
+                ),
+                (
+                    "nv_gpu_memory_used_bytes",
+                    "gauge",
+                    "GPU used memory, in bytes",
+                    lambda g: g.memory_used_bytes,
+                ),
+                (
+                    "nv_gpu_power_usage",
+                    "gauge",
+                    "GPU power usage in watts",
+                    lambda g: g.power_usage_w,
+                ),
+                (
+                    "nv_gpu_power_limit",
+                    "gauge",
+                    "GPU power management limit in watts",
+                    lambda g: g.power_limit_w,
+                ),
+                (
+                    "nv_energy_consumption",
+                    "counter",
+                    "GPU energy consumption in joules since the server started",
+                    lambda g: g.energy_j,
+                ),
             ]
             for name, kind, help_text, value_of in specs:
                 family = Family(name, kind, help_text)
@@ -174,14 +197,32 @@ class HostSampler:
                 if family.samples:
                     out.append(family)
         if self.cpu and self.cpu_utilization is not None:
-            out.append(Family("nv_cpu_utilization", "gauge", "CPU utilization rate [0.0 - 1.0]",
-                              [({}, self.cpu_utilization)]))
+            out.append(
+                Family(
+                    "nv_cpu_utilization",
+                    "gauge",
+                    "CPU utilization rate [0.0 - 1.0]",
+                    [({}, self.cpu_utilization)],
+                )
+            )
         if self.cpu and self.memory is not None:
             total, used = self.memory
-            out.append(Family("nv_cpu_memory_total_bytes", "gauge",
-                              "CPU total memory (RAM), in bytes", [({}, total)]))
-            out.append(Family("nv_cpu_memory_used_bytes", "gauge",
-                              "CPU used memory (RAM), in bytes", [({}, used)]))
+            out.append(
+                Family(
+                    "nv_cpu_memory_total_bytes",
+                    "gauge",
+                    "CPU total memory (RAM), in bytes",
+                    [({}, total)],
+                )
+            )
+            out.append(
+                Family(
+                    "nv_cpu_memory_used_bytes",
+                    "gauge",
+                    "CPU used memory (RAM), in bytes",
+                    [({}, used)],
+                )
+            )
         return out
 
 

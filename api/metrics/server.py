@@ -14,9 +14,9 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from api.metrics.exposition import CONTENT_TYPE
-from api.metrics.service import MetricsService
-from broker.outage import OutageLog
+from sluice.api.metrics.exposition import CONTENT_TYPE
+from sluice.api.metrics.service import MetricsService
+from sluice.broker.outage import OutageLog
 
 __all__ = ["create_metrics_app"]
 

@@ -9,14 +9,14 @@ import time
 import redis.asyncio
 import redis.exceptions
 
-from api.metrics.exposition import Family, render
-from api.metrics.families import model_families
-from api.metrics.host import HostSampler
-from api.metrics.snapshot import read_versions
-from api.periodic import Periodic
-from api.settings import MetricsSettings
-from broker.keys import KeySchema
-from broker.latency_window import parse_quantiles
+from sluice.api.metrics.exposition import Family, render
+from sluice.api.metrics.families import model_families
+from sluice.api.metrics.host import HostSampler
+from sluice.api.metrics.snapshot import read_versions
+from sluice.api.periodic import Periodic
+from sluice.api.settings import MetricsSettings
+from sluice.broker.keys import KeySchema
+from sluice.broker.latency_window import parse_quantiles
 
 __all__ = ["CACHE_GAUGES", "MetricsService"]
 
@@ -29,8 +29,7 @@ CACHE_GAUGES = (
     ("nv_cache_num_misses", "Number of cache misses in response cache"),
     ("nv_cache_num_lookups", "Number of cache lookups in response cache"),
     ("nv_cache_num_evictions", "Number of cache evictions in response cache"),
-    ("nv_cache_lookup_duration",
-     "Total cache lookup duration (hit and miss), in microseconds"),
+    ("nv_cache_lookup_duration", "Total cache lookup duration (hit and miss), in microseconds"),
     ("nv_cache_insertion_duration", "Total cache insertion duration, in microseconds"),
 )
 

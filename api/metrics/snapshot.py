@@ -17,11 +17,12 @@ import redis.asyncio
 from google.protobuf import json_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from broker.keys import WORKER_GROUP, KeySchema
-from broker.latency_window import AGE_BUCKETS, merge_windows, window_keys
-from broker.model_store import AsyncModelStore, ModelState, VersionState, count_live
-from broker.scheduling import StreamLayout, scheduling_policy
-from broker.stats_store import VersionStats, read_stats
+from sluice.broker.keys import WORKER_GROUP, KeySchema
+from sluice.broker.latency_window import AGE_BUCKETS, merge_windows, window_keys
+from sluice.broker.model_store import AsyncModelStore, VersionState, count_live
+from sluice.broker.scheduling import StreamLayout, scheduling_policy
+from sluice.broker.states import ModelState
+from sluice.broker.stats_store import VersionStats, read_stats
 
 __all__ = ["QueueFacts", "VersionSample", "read_versions"]
 

@@ -17,11 +17,15 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
 
-from gpu_workers.backends.base import BackendInputError, InstanceContext
-from gpu_workers.backends.ort_options import apply_settings, session_settings
-from gpu_workers.backends.tensor_adapter import TensorBackendAdapter
-from gpu_workers.thread_priority import set_idle, started_threads
-from repository.autocomplete import ORT_TYPE_TO_CONFIG, TensorSignature, autocomplete_from_signature
+from sluice.gpu_workers.backends.base import BackendInputError, InstanceContext
+from sluice.gpu_workers.backends.ort_options import apply_settings, session_settings
+from sluice.gpu_workers.backends.tensor_adapter import TensorBackendAdapter
+from sluice.gpu_workers.thread_priority import set_idle, started_threads
+from sluice.repository.autocomplete import (
+    ORT_TYPE_TO_CONFIG,
+    TensorSignature,
+    autocomplete_from_signature,
+)
 
 logger = logging.getLogger(__name__)
 

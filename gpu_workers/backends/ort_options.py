@@ -184,8 +184,9 @@ def _bool_param(config: ModelConfig, key: str) -> bool | None:
         return True
     if lowered in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"model '{config.name}': parameter '{key}' must be 0/1 or true/false, "
-                     f"got '{text}'")
+    raise ValueError(
+        f"model '{config.name}': parameter '{key}' must be 0/1 or true/false, got '{text}'"
+    )
 
 
 def _trt_options(params: Any, device_id: int) -> dict[str, str]:
@@ -225,8 +226,10 @@ def _providers(
             if name == "tensorrt":
                 if "TensorrtExecutionProvider" in available:
                     providers.append(
-                        ("TensorrtExecutionProvider",
-                         _trt_options(accelerator.parameters, device_id))
+                        (
+                            "TensorrtExecutionProvider",
+                            _trt_options(accelerator.parameters, device_id),
+                        )
                     )
                 else:
                     warnings.append(
@@ -237,8 +240,7 @@ def _providers(
                 cuda_options.update(dict(accelerator.parameters))
             else:
                 warnings.append(
-                    f"model '{model}': gpu_execution_accelerator '{name}' is not supported; "
-                    "ignored"
+                    f"model '{model}': gpu_execution_accelerator '{name}' is not supported; ignored"
                 )
         if "CUDAExecutionProvider" not in available:
             raise RuntimeError(
@@ -377,9 +379,7 @@ def apply_settings(settings: OrtSettings, options: Any, ort: Any) -> None:
     if settings.execution_mode is not None:
         options.execution_mode = getattr(ort.ExecutionMode, settings.execution_mode)
     if settings.graph_level is not None:
-        options.graph_optimization_level = getattr(
-            ort.GraphOptimizationLevel, settings.graph_level
-        )
+        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, settings.graph_level)
     if settings.enable_mem_arena is not None:
         options.enable_cpu_mem_arena = settings.enable_mem_arena
     if settings.enable_mem_pattern is not None:

@@ -28,20 +28,24 @@ import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
 
-import triton_python_backend_utils as pb_utils
-from broker.datatypes import NUMPY_DTYPES, numpy_to_protocol
-from gpu_workers.backends.base import (
+from sluice.broker.datatypes import NUMPY_DTYPES, numpy_to_protocol
+from sluice.gpu_workers.backends import pb_utils
+from sluice.gpu_workers.backends.base import (
     InferError,
     InferRequest,
     InferResponse,
     InstanceContext,
     ModelCodeError,
 )
-from repository.render import config_to_json
+from sluice.repository.render import config_to_json
 
 __all__ = ["PythonBackend", "from_pb_response", "to_pb_request"]
 
 logger = logging.getLogger(__name__)
+
+# A Triton model.py does ``import triton_python_backend_utils as pb_utils``; Triton's stub
+# process injects that module, Sluice provides it from inside its own package.
+sys.modules.setdefault("triton_python_backend_utils", pb_utils)
 
 #: Request parameters with a meaning for Triton itself (PROTOCOL.md 2.3); the
 #: model's ``parameters()`` holds only the other (custom) ones.

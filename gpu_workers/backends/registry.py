@@ -13,14 +13,14 @@ from typing import Any
 
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from broker.errors import ErrorCode, SluiceError
+from sluice.broker.errors import ErrorCode, SluiceError
 
 #: Triton ``backend`` name -> "module:attribute" of a class implementing ``Backend``.
 BACKENDS: dict[str, str] = {
-    "onnxruntime": "gpu_workers.backends.onnxruntime:OnnxRuntimeBackend",
-    "python": "gpu_workers.backends.python:PythonBackend",
-    "pytorch": "gpu_workers.backends.torch:TorchBackend",
-    "tensorrt": "gpu_workers.backends.tensorrt:TensorRTBackend",
+    "onnxruntime": "sluice.gpu_workers.backends.onnxruntime:OnnxRuntimeBackend",
+    "python": "sluice.gpu_workers.backends.python:PythonBackend",
+    "pytorch": "sluice.gpu_workers.backends.torch:TorchBackend",
+    "tensorrt": "sluice.gpu_workers.backends.tensorrt:TensorRTBackend",
 }
 
 

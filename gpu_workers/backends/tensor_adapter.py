@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from batching import concat_input, split_outputs
-from broker.datatypes import NUMPY_DTYPES, config_to_protocol
-from gpu_workers.backends.base import (
+from sluice.batching import concat_input, split_outputs
+from sluice.broker.datatypes import NUMPY_DTYPES, config_to_protocol
+from sluice.gpu_workers.backends.base import (
     BackendInputError,
     InferError,
     InferRequest,

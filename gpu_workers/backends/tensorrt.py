@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from gpu_workers.backends.base import BackendInputError, InstanceContext
-from gpu_workers.backends.tensor_adapter import TensorBackendAdapter
+from sluice.gpu_workers.backends.base import BackendInputError, InstanceContext
+from sluice.gpu_workers.backends.tensor_adapter import TensorBackendAdapter
 
 __all__ = ["TensorRTBackend", "TensorRTEngine", "check_profile", "plan_file"]
 
@@ -120,8 +120,9 @@ class TensorRTEngine:
         try:
             import tensorrt as trt
         except ImportError as exc:
-            raise unavailable(f"{exc} (model '{ctx.model_name}' needs the tensorrt package "
-                              "and a CUDA GPU)") from exc
+            raise unavailable(
+                f"{exc} (model '{ctx.model_name}' needs the tensorrt package and a CUDA GPU)"
+            ) from exc
         try:
             import torch
         except ImportError as exc:
@@ -136,8 +137,9 @@ class TensorRTEngine:
             )
         self._trt, self._torch = trt, torch
         self._device = torch.device(f"cuda:{ctx.device_id}")
-        path = plan_file(ctx.config, ctx.version_dir,
-                         torch.cuda.get_device_capability(ctx.device_id))
+        path = plan_file(
+            ctx.config, ctx.version_dir, torch.cuda.get_device_capability(ctx.device_id)
+        )
         if not path.is_file():
             raise FileNotFoundError(f"model '{ctx.model_name}': plan file '{path}' does not exist")
         with torch.cuda.device(self._device):
@@ -169,7 +171,10 @@ class TensorRTEngine:
         self._dynamic = {n for n in self._inputs if -1 in tuple(engine.get_tensor_shape(n))}
         logger.info(
             "model '%s' instance '%s': TensorRT engine %s on %s",
-            ctx.model_name, ctx.instance_name, path.name, self._device,
+            ctx.model_name,
+            ctx.instance_name,
+            path.name,
+            self._device,
         )
 
     def _torch_dtype(self, name: str) -> Any:

@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
 
-from gpu_workers.backends.base import BackendInputError, InstanceContext
-from gpu_workers.backends.tensor_adapter import TensorBackendAdapter
+from sluice.gpu_workers.backends.base import BackendInputError, InstanceContext
+from sluice.gpu_workers.backends.tensor_adapter import TensorBackendAdapter
 
 __all__ = [
     "InputBinding",
@@ -171,8 +171,9 @@ def _int_parameter(config: ModelConfig, key: str) -> int | None:
     try:
         return int(text)
     except ValueError:
-        raise ValueError(f"model '{config.name}': parameter '{key}' must be an integer, "
-                         f"got '{text}'") from None
+        raise ValueError(
+            f"model '{config.name}': parameter '{key}' must be an integer, got '{text}'"
+        ) from None
 
 
 def _forward_signature(module: Any) -> tuple[list[str], bool]:
@@ -269,7 +270,10 @@ class TorchModule:
         self._outputs = bind_outputs([t.name for t in config.output])
         logger.info(
             "model '%s' instance '%s' loaded on %s (inputs by %s)",
-            ctx.model_name, ctx.instance_name, self._device, self._binding.convention,
+            ctx.model_name,
+            ctx.instance_name,
+            self._device,
+            self._binding.convention,
         )
 
     def _tensor(self, name: str, array: np.ndarray) -> Any:

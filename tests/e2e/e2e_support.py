@@ -28,7 +28,7 @@ import redis
 import requests
 from onnx import TensorProto, helper
 
-from broker.redis_server import delete_prefix, free_port
+from sluice.broker.redis_server import delete_prefix, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 OPSET = [helper.make_opsetid("", 17)]
@@ -302,7 +302,7 @@ def start_server(
         [
             sys.executable,
             "-m",
-            "api.cli",
+            "sluice.cli",
             "serve",
             "--model-repository",
             str(repo),
@@ -362,11 +362,24 @@ def start_gateway(
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [
-                sys.executable, "-m", "api.cli", "gateway",
-                "--http-address", "127.0.0.1", "--http-port", str(port),
-                "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc_port),
-                "--metrics-port", str(free_port()),
-                "--redis-url", redis_url, "--key-prefix", key_prefix,
+                sys.executable,
+                "-m",
+                "sluice.cli",
+                "gateway",
+                "--http-address",
+                "127.0.0.1",
+                "--http-port",
+                str(port),
+                "--grpc-address",
+                "127.0.0.1",
+                "--grpc-port",
+                str(grpc_port),
+                "--metrics-port",
+                str(free_port()),
+                "--redis-url",
+                redis_url,
+                "--key-prefix",
+                key_prefix,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

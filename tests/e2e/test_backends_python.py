@@ -87,8 +87,11 @@ def test_add_exact(client: tuple[Any, ModuleType, str]) -> None:
 def test_raiser_values_pass(client: tuple[Any, ModuleType, str]) -> None:
     instance, module, _ = client
     x = np.array([[5], [0], [2**31 - 1]], np.int32)
-    assert instance.infer("raiser", [_input(module, "X", x, "INT32")]).as_numpy("Y").tolist() \
-        == [[5], [0], [2**31 - 1]]
+    assert instance.infer("raiser", [_input(module, "X", x, "INT32")]).as_numpy("Y").tolist() == [
+        [5],
+        [0],
+        [2**31 - 1],
+    ]
 
 
 def test_raiser_error_response_is_invalid_arg(client: tuple[Any, ModuleType, str]) -> None:
@@ -128,8 +131,9 @@ def test_raiser_exception_is_internal(client: tuple[Any, ModuleType, str]) -> No
     )
     # The worker survived: the next request is served.
     ok = np.array([[3]], np.int32)
-    assert instance.infer("raiser", [_input(module, "X", ok, "INT32")]).as_numpy("Y").tolist() \
-        == [[3]]
+    assert instance.infer("raiser", [_input(module, "X", ok, "INT32")]).as_numpy("Y").tolist() == [
+        [3]
+    ]
 
 
 def test_autocomplete_config_and_infer(client: tuple[Any, ModuleType, str]) -> None:
@@ -140,10 +144,12 @@ def test_autocomplete_config_and_infer(client: tuple[Any, ModuleType, str]) -> N
         config = instance.get_model_config("autocomplete", as_json=True)["config"]
     assert config["max_batch_size"] == 4
     assert config["backend"] == "python"
-    assert [(i["name"], i["data_type"], [int(d) for d in i["dims"]]) for i in config["input"]] \
-        == [("INPUT0", "TYPE_FP32", [2])]
-    assert [(o["name"], o["data_type"], [int(d) for d in o["dims"]]) for o in config["output"]] \
-        == [("OUTPUT0", "TYPE_FP32", [2])]
+    assert [(i["name"], i["data_type"], [int(d) for d in i["dims"]]) for i in config["input"]] == [
+        ("INPUT0", "TYPE_FP32", [2])
+    ]
+    assert [(o["name"], o["data_type"], [int(d) for d in o["dims"]]) for o in config["output"]] == [
+        ("OUTPUT0", "TYPE_FP32", [2])
+    ]
     assert "dynamic_batching" in config
     x = np.array([[1.5, -4.0], [0.25, 8.0]], np.float32)
     result = instance.infer("autocomplete", [_input(module, "INPUT0", x, "FP32")])
@@ -179,9 +185,11 @@ def test_identity_optional_inputs(client: tuple[Any, ModuleType, str]) -> None:
     ]
     result = instance.infer("identity_bytes_all", inputs)
     response = result.get_response()
-    outputs = response["outputs"] if isinstance(response, dict) else [
-        {"name": o.name} for o in response.outputs
-    ]
+    outputs = (
+        response["outputs"]
+        if isinstance(response, dict)
+        else [{"name": o.name} for o in response.outputs]
+    )
     assert sorted(o["name"] for o in outputs) == ["OUT_BYTES", "OUT_FP16", "OUT_INT16"]
     assert result.as_numpy("OUT_INT16").dtype == np.int16
     assert result.as_numpy("OUT_INT16").tolist() == [-3, 0, 32767]

@@ -95,9 +95,14 @@ def _onnx_affine(path: Path) -> None:
     two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
     one = helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])
     graph = helper.make_graph(
-        [helper.make_node("Mul", ["INPUT0", "two"], ["scaled"]),
-         helper.make_node("Add", ["scaled", "one"], ["OUTPUT0"])],
-        "affine", [x], [y], initializer=[two, one],
+        [
+            helper.make_node("Mul", ["INPUT0", "two"], ["scaled"]),
+            helper.make_node("Add", ["scaled", "one"], ["OUTPUT0"]),
+        ],
+        "affine",
+        [x],
+        [y],
+        initializer=[two, one],
     )
     model = helper.make_model(graph, opset_imports=OPSET)
     model.ir_version = 8
@@ -111,8 +116,9 @@ def _build_engine(onnx_path: Path, plan_path: Path) -> None:
     builder = trt.Builder(logger)
     network = builder.create_network(0)
     parser = trt.OnnxParser(network, logger)
-    assert parser.parse(onnx_path.read_bytes()), [parser.get_error(i).desc()
-                                                  for i in range(parser.num_errors)]
+    assert parser.parse(onnx_path.read_bytes()), [
+        parser.get_error(i).desc() for i in range(parser.num_errors)
+    ]
     config = builder.create_builder_config()
     profile = builder.create_optimization_profile()
     profile.set_shape("INPUT0", (1, 4), (4, 4), (8, 4))
@@ -128,7 +134,7 @@ def test_tiny_engine_serves(redis_url: str, tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    from gpu_workers.device import gpu_ids
+    from sluice.gpu_workers.device import gpu_ids
 
     if not gpu_ids():
         pytest.skip("NVML sees no GPU (install nvidia-ml-py) so KIND_GPU cannot be served")
@@ -136,9 +142,12 @@ def test_tiny_engine_serves(redis_url: str, tmp_path: Path) -> None:
     (repo / "trt_affine/1").mkdir(parents=True)
     _onnx_affine(tmp_path / "affine.onnx")
     _build_engine(tmp_path / "affine.onnx", repo / "trt_affine/1/model.plan")
-    (repo / "trt_affine/config.pbtxt").write_text(TRT_CONFIG.format(
-        name="trt_affine", instances="instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]"
-    ))
+    (repo / "trt_affine/config.pbtxt").write_text(
+        TRT_CONFIG.format(
+            name="trt_affine",
+            instances="instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]",
+        )
+    )
     server = start_server(repo, redis_url, tmp_path / "serve.log")
     try:
         client = httpclient.InferenceServerClient(server.http_url)

@@ -101,8 +101,10 @@ def test_affine_http_exact(torch_server: Server, modules: dict[str, Any]) -> Non
     client = httpclient.InferenceServerClient(torch_server.http_url)
     x = np.random.default_rng(5).standard_normal((3, 4)).astype(np.float32)
     shift = np.array([[0.5], [-1.0], [0.0]], np.float32)
-    inputs = [httpclient.InferInput("INPUT__0", [3, 4], "FP32"),
-              httpclient.InferInput("INPUT__1", [3, 1], "FP32")]
+    inputs = [
+        httpclient.InferInput("INPUT__0", [3, 4], "FP32"),
+        httpclient.InferInput("INPUT__1", [3, 1], "FP32"),
+    ]
     inputs[0].set_data_from_numpy(x)
     inputs[1].set_data_from_numpy(shift)
     result = client.infer("torch_affine", inputs)
@@ -122,8 +124,10 @@ def test_affine_concurrent_requests_batched_exact(
     xs = [rng.standard_normal((1 + i % 3, 4)).astype(np.float32) for i in range(8)]
     pending = []
     for i, x in enumerate(xs):
-        inputs = [httpclient.InferInput("INPUT__0", list(x.shape), "FP32"),
-                  httpclient.InferInput("INPUT__1", [x.shape[0], 1], "FP32")]
+        inputs = [
+            httpclient.InferInput("INPUT__0", list(x.shape), "FP32"),
+            httpclient.InferInput("INPUT__1", [x.shape[0], 1], "FP32"),
+        ]
         inputs[0].set_data_from_numpy(x)
         inputs[1].set_data_from_numpy(np.full((x.shape[0], 1), float(i), np.float32))
         pending.append(client.async_infer("torch_affine", inputs))
@@ -140,8 +144,10 @@ def test_named_forward_arguments_grpc_exact(torch_server: Server, modules: dict[
     client = grpcclient.InferenceServerClient(torch_server.grpc_url)
     base = np.array([2, -3, 7, 0], np.int32)
     exponent = np.array([10, 3, 2, 5], np.int32)
-    inputs = [grpcclient.InferInput("base", [4], "INT32"),
-              grpcclient.InferInput("exponent", [4], "INT32")]
+    inputs = [
+        grpcclient.InferInput("base", [4], "INT32"),
+        grpcclient.InferInput("exponent", [4], "INT32"),
+    ]
     inputs[0].set_data_from_numpy(base)
     inputs[1].set_data_from_numpy(exponent)
     result = client.infer("torch_named", inputs)

@@ -85,8 +85,10 @@ def test_warmup_ran_before_ready_and_broken_warmup_is_unavailable(
     assert not client.is_model_ready("broken_warmup")
     first = client.infer("warmup_counter", _counter_input(100))
     # "zeros": batch_size 2, count 3 -> 3 calls of 2 requests; "from_file": 1 call, IN = 7.
-    assert {name: first.as_numpy(name).tolist() for name in
-            ("EXECUTIONS", "REQUESTS", "IN_SUM", "LARGEST_CALL")} == {
+    assert {
+        name: first.as_numpy(name).tolist()
+        for name in ("EXECUTIONS", "REQUESTS", "IN_SUM", "LARGEST_CALL")
+    } == {
         "EXECUTIONS": [[4]],
         "REQUESTS": [[7]],
         "IN_SUM": [[7]],

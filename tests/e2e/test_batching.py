@@ -205,6 +205,7 @@ def test_killed_instance_loses_no_request(server) -> None:
     instances = instance_records(server, "slow_pair")
     assert len(instances) == 2
     victim = next(iter(instances.values()))["pid"]
+
     def infer(client: httpclient.InferenceServerClient, value: int) -> float:
         out = client.infer(
             "slow_pair", _slow_input(float(value)), parameters={"sleep_ms": 40}

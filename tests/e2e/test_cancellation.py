@@ -25,7 +25,7 @@ import tritonclient.http as httpclient
 from e2e_support import read_http_responses
 from metrics_support import scrape
 
-from broker.keys import WORKER_GROUP, KeySchema
+from sluice.broker.keys import WORKER_GROUP, KeySchema
 
 pytestmark = pytest.mark.e2e
 

@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.gpu]
 
 
 def _gpu_usable() -> bool:
-    from gpu_workers.device import gpu_ids
+    from sluice.gpu_workers.device import gpu_ids
 
     return bool(torch.cuda.is_available() and gpu_ids())
 
@@ -103,10 +103,14 @@ def gpu_server(
         repo,
         redis_url,
         tmp_path_factory.mktemp("gpu-logs") / "serve.log",
-        "--model-control-mode", "explicit",
-        "--load-model", "probe_gpu",
-        "--load-model", "probe_auto",
-        "--load-model", "onnx_auto",
+        "--model-control-mode",
+        "explicit",
+        "--load-model",
+        "probe_gpu",
+        "--load-model",
+        "probe_auto",
+        "--load-model",
+        "onnx_auto",
         timeout_s=180.0,
     )
     yield server
@@ -125,9 +129,7 @@ def _infer_http(client: httpclient.InferenceServerClient, model: str, x: np.ndar
     return result.as_numpy("OUTPUT__0"), result.as_numpy("OUTPUT__1")
 
 
-def test_kind_gpu_instances_batch_distinct_inputs_on_cuda(
-    gpu_server: Server, probe: Probe
-) -> None:
+def test_kind_gpu_instances_batch_distinct_inputs_on_cuda(gpu_server: Server, probe: Probe) -> None:
     clients = 32
     rounds = 20
     failures: list[str] = []
@@ -169,8 +171,9 @@ def test_kind_gpu_over_grpc_at_full_batch(gpu_server: Server, probe: Probe) -> N
     tensor.set_data_from_numpy(x)
     result = client.infer("probe_gpu", [tensor])
     client.close()
-    np.testing.assert_allclose(result.as_numpy("OUTPUT__0"), _expected(probe, x), rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        result.as_numpy("OUTPUT__0"), _expected(probe, x), rtol=1e-5, atol=1e-5
+    )
     assert result.as_numpy("OUTPUT__1").ravel().tolist() == [0.0] * 32
 
 

@@ -510,9 +510,9 @@ def test_unparseable_request_is_internal(server, grpc_client) -> None:
         with pytest.raises(grpc.RpcError) as info:
             unary(b"\xff\xff\xff\xff", timeout=30)
         assert info.value.code() == grpc.StatusCode.INTERNAL
-        assert info.value.details().startswith(
-            "failed to parse the ModelInferRequest message: "
-        ), info.value.details()
+        assert info.value.details().startswith("failed to parse the ModelInferRequest message: "), (
+            info.value.details()
+        )
         stream = channel.stream_stream(
             "/inference.GRPCInferenceService/ModelStreamInfer",
             request_serializer=lambda raw: raw,
@@ -542,7 +542,7 @@ def _gateway_rss_mb(server) -> float:
 
     for pid in children_of(server.process.pid):
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-        if b"api.gateway" in cmdline:
+        if b"sluice.api.gateway" in cmdline:
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     return int(line.split()[1]) / 1024

@@ -151,14 +151,17 @@ def test_load_refused_in_none_mode(http_client) -> None:
 
 
 def _infer_bytes(value: float, sleep_ms: int) -> bytes:
-    body = json.dumps({
-        "inputs": [{"name": "IN", "shape": [1, 1], "datatype": "FP32", "data": [value]}],
-        "outputs": [{"name": "OUT"}],
-        "parameters": {"sleep_ms": sleep_ms},
-    }).encode()
+    body = json.dumps(
+        {
+            "inputs": [{"name": "IN", "shape": [1, 1], "datatype": "FP32", "data": [value]}],
+            "outputs": [{"name": "OUT"}],
+            "parameters": {"sleep_ms": sleep_ms},
+        }
+    ).encode()
     return (
         b"POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
     )
 
 

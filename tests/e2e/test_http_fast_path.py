@@ -82,9 +82,12 @@ def test_chunked_body_takes_the_asgi_call(server) -> None:
         {"inputs": [{"name": "INPUT0", "shape": [2], "datatype": "FP32", "data": [4.0, 0.5]}]}
     ).encode()
     half = len(body) // 2
-    chunked = b"".join(
-        f"{len(part):x}\r\n".encode() + part + b"\r\n" for part in (body[:half], body[half:])
-    ) + b"0\r\n\r\n"
+    chunked = (
+        b"".join(
+            f"{len(part):x}\r\n".encode() + part + b"\r\n" for part in (body[:half], body[half:])
+        )
+        + b"0\r\n\r\n"
+    )
     request = (
         b"POST /v2/models/nobatch/infer HTTP/1.1\r\nHost: x\r\n"
         b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked
@@ -104,7 +107,7 @@ def test_connection_close_and_http_1_0_end_the_connection(server) -> None:
     ):
         with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
             sock.sendall(request)
-            (status, headers, body), = read_http_responses(sock, 1)
+            ((status, headers, body),) = read_http_responses(sock, 1)
             assert sock.recv(1) == b""  # closed after the answer
         assert status.endswith(b"200 OK")
         assert headers["connection"] == "close"
@@ -114,13 +117,16 @@ def test_connection_close_and_http_1_0_end_the_connection(server) -> None:
 def test_client_leaving_before_its_answer_harms_nobody(server, http_client) -> None:
     """A client that closes while its request sleeps in the model: the answer has nowhere
     to go and is dropped; the next clients are served."""
-    body = json.dumps({
-        "inputs": [{"name": "IN", "shape": [1, 1], "datatype": "FP32", "data": [7.0]}],
-        "parameters": {"sleep_ms": 300},
-    }).encode()
+    body = json.dumps(
+        {
+            "inputs": [{"name": "IN", "shape": [1, 1], "datatype": "FP32", "data": [7.0]}],
+            "parameters": {"sleep_ms": 300},
+        }
+    ).encode()
     request = (
         b"POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
     )
     log_before = len(server.log())
     for _ in range(3):
@@ -129,7 +135,7 @@ def test_client_leaving_before_its_answer_harms_nobody(server, http_client) -> N
     time.sleep(1.2)  # the three answers come back to closed connections
     with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
         sock.sendall(_json_request("nobatch", [8.0]))
-        (status, _, response), = read_http_responses(sock, 1)
+        ((status, _, response),) = read_http_responses(sock, 1)
     assert status == b"HTTP/1.1 200 OK"
     assert _outputs(response) == [16.0]
     assert "Traceback" not in server.log()[log_before:]
@@ -168,7 +174,7 @@ def test_upgrade_headers_are_ignored_as_triton_does(server) -> None:
         sock.sendall(request[: head_end + 3])
         time.sleep(0.2)
         sock.sendall(request[head_end + 3 :])
-        (status, _, body), = read_http_responses(sock, 1)
+        ((status, _, body),) = read_http_responses(sock, 1)
     assert status == b"HTTP/1.1 200 OK"
     assert _outputs(body) == [10.0]
 
@@ -190,7 +196,7 @@ def test_an_endless_head_is_refused_with_431(server) -> None:
     assert b"exceed 1048576 bytes" in raw
     with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
         sock.sendall(_json_request("nobatch", [1.0]))
-        (status, _, body), = read_http_responses(sock, 1)
+        ((status, _, body),) = read_http_responses(sock, 1)
     assert status == b"HTTP/1.1 200 OK"
     assert _outputs(body) == [2.0]
 
@@ -249,11 +255,11 @@ def test_a_slow_request_that_keeps_arriving_is_answered(impatient_server) -> Non
         for offset in range(0, len(request), step):
             sock.sendall(request[offset : offset + step])
             time.sleep(0.4)
-        (status, _, body), = read_http_responses(sock, 1)
+        ((status, _, body),) = read_http_responses(sock, 1)
         assert status == b"HTTP/1.1 200 OK"
         assert _outputs(body) == [2.0, 4.0]
         sock.sendall(_json_request("nobatch", [3.0]))
-        (status, _, body), = read_http_responses(sock, 1)
+        ((status, _, body),) = read_http_responses(sock, 1)
     assert status == b"HTTP/1.1 200 OK"
     assert _outputs(body) == [6.0]
 
@@ -322,7 +328,7 @@ def test_a_stalled_head_after_an_answered_request_gets_408(impatient_server) -> 
     408 too (it was closed without an answer)."""
     with socket.create_connection(("127.0.0.1", impatient_server.http_port), timeout=10) as sock:
         sock.sendall(_json_request("nobatch", [1.0]))
-        (status, _, _), = read_http_responses(sock, 1)
+        ((status, _, _),) = read_http_responses(sock, 1)
         assert status == b"HTTP/1.1 200 OK"
         sock.sendall(_json_request("nobatch", [2.0])[:25])
         raw, waited = _read_until_closed(sock)

@@ -481,9 +481,7 @@ def test_bytes_data_is_checked_in_every_request_of_a_kept_header(server) -> None
     for _ in range(2):
         ok = requests.post(url, data=body, headers=headers, timeout=30)
         assert ok.status_code == 200, ok.text
-    chunk = b"".join(
-        len(item).to_bytes(4, "little") + item for item in data["BYTES"].ravel()
-    )
+    chunk = b"".join(len(item).to_bytes(4, "little") + item for item in data["BYTES"].ravel())
     assert body.endswith(chunk)
     bad = body[: -len(chunk)] + (10_000).to_bytes(4, "little") + chunk[4:]
     refused = requests.post(url, data=bad, headers=headers, timeout=30)

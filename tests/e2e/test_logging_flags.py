@@ -42,16 +42,28 @@ def test_log_flags_reach_gateway_and_workers(redis_url: str, tmp_path: Path) -> 
     shutil.copytree(ROOT / "tests/assets/python_models/raiser", repo / "raiser")
     log_file = tmp_path / "sluice.log"
     server = start_server(
-        repo, redis_url, tmp_path / "serve.out",
-        "--log-verbose", "1", "--log-format", "ISO8601", "--log-file", str(log_file),
-        "--http-read-timeout-secs", "1",
+        repo,
+        redis_url,
+        tmp_path / "serve.out",
+        "--log-verbose",
+        "1",
+        "--log-format",
+        "ISO8601",
+        "--log-file",
+        str(log_file),
+        "--http-read-timeout-secs",
+        "1",
     )
     try:
         base = server.base
         settings = requests.get(f"{base}/v2/logging", timeout=5).json()
         assert settings == {
-            "log_file": str(log_file), "log_info": True, "log_warning": True,
-            "log_error": True, "log_verbose_level": 1, "log_format": "ISO8601",
+            "log_file": str(log_file),
+            "log_info": True,
+            "log_warning": True,
+            "log_error": True,
+            "log_verbose_level": 1,
+            "log_format": "ISO8601",
         }
         client = httpclient.InferenceServerClient(server.http_url)
         _fail(client, "req-fail-1")
@@ -66,7 +78,9 @@ def test_log_flags_reach_gateway_and_workers(redis_url: str, tmp_path: Path) -> 
         text = log_file.read_text().splitlines()
         assert text and all(ISO_LINE.match(t) for t in text if t[:2] == "20"), text[:5]
         assert {m.group(1).split()[0] for t in text if (m := ISO_LINE.match(t))} >= {
-            "gateway", "serve", "worker"
+            "gateway",
+            "serve",
+            "worker",
         }
 
         # uvicorn's lines share the format and the file: an access line per HTTP request
@@ -102,8 +116,11 @@ def test_log_flags_reach_gateway_and_workers(redis_url: str, tmp_path: Path) -> 
         grpc_client = grpcclient.InferenceServerClient(server.grpc_url)
         assert grpc_client.is_server_live() and grpc_client.is_model_ready("raiser")
         grpc_client.close()
-        for line in ('"- - HTTP/1.1" 400', '"- - HTTP/1.1" 431',
-                     '"POST /v2/models/raiser/infer HTTP/1.1" 408'):
+        for line in (
+            '"- - HTTP/1.1" 400',
+            '"- - HTTP/1.1" 431',
+            '"POST /v2/models/raiser/infer HTTP/1.1" 408',
+        ):
             found = _lines(log_file, line)
             assert found and " gateway uvicorn.access] 127.0.0.1:" in found[0], line
         chatter = [t for t in log_file.read_text().splitlines() if "grpc._cython" in t]
@@ -119,9 +136,10 @@ def test_log_flags_reach_gateway_and_workers(redis_url: str, tmp_path: Path) -> 
         _fail(client, "req-fail-3")
         assert _lines(log_file, "client id 'req-fail-3'")
         assert not [t for t in _lines(log_file, "req-fail-2", 0) if " gateway " in t]
-        assert requests.post(
-            f"{base}/v2/logging", json={"log_file": "/tmp/x"}, timeout=5
-        ).status_code == 501
+        assert (
+            requests.post(f"{base}/v2/logging", json={"log_file": "/tmp/x"}, timeout=5).status_code
+            == 501
+        )
         client.close()
     finally:
         assert stop_server(server) == 0, server.log()

@@ -192,11 +192,13 @@ def test_exact_counters_on_metrics_and_statistics(server) -> None:
     _raiser(client, [1, 2])
     # slow_queue (max_queue_size 1): one executing, one queued, the third refused.
     with ThreadPoolExecutor(2) as pool:
-        first = pool.submit(_slow, httpclient.InferenceServerClient(server.http_url), "slow_queue",
-                            1500)
+        first = pool.submit(
+            _slow, httpclient.InferenceServerClient(server.http_url), "slow_queue", 1500
+        )
         _wait_gauge(server, "sluice_queue_pending", "slow_queue", 1)  # taken, executing
-        second = pool.submit(_slow, httpclient.InferenceServerClient(server.http_url),
-                             "slow_queue", 0)
+        second = pool.submit(
+            _slow, httpclient.InferenceServerClient(server.http_url), "slow_queue", 0
+        )
         _wait_gauge(server, "sluice_queue_depth", "slow_queue", 1)  # queued
         with pytest.raises(InferenceServerException, match="Exceeds maximum queue size"):
             _slow(client, "slow_queue", 0)
@@ -259,10 +261,16 @@ def test_exact_counters_on_metrics_and_statistics(server) -> None:
         assert "0" in http_after["response_stats"] and "0" in grpc_after["response_stats"]
     http_after, _ = _stats(server, "batch_scale")
     http_before, _ = stats_before["batch_scale"]
-    batches = {k: v - _flat(http_before).get(k, 0) for k, v in _flat(http_after).items()
-               if k.startswith("batch")}
+    batches = {
+        k: v - _flat(http_before).get(k, 0)
+        for k, v in _flat(http_after).items()
+        if k.startswith("batch")
+    }
     assert {k: v for k, v in batches.items() if v} == {
-        "batch1": 2, "batch2": 2, "batch3": 1, "batch4": 1
+        "batch1": 2,
+        "batch2": 2,
+        "batch3": 1,
+        "batch4": 1,
     }
     avg_stats = (_flat(http_after)["inference_count"] - _flat(http_before)["inference_count"]) / (
         _flat(http_after)["execution_count"] - _flat(http_before)["execution_count"]
@@ -278,20 +286,24 @@ def test_queue_depth_rises_under_a_burst_and_falls_to_zero(server) -> None:
     def watch() -> None:
         while not done.is_set():
             m = scrape(server.metrics_url)
-            seen.append((
-                m.model("sluice_queue_depth", "slow"),
-                m.model("sluice_queue_pending", "slow"),
-                m.model("sluice_queue_oldest_age_seconds", "slow"),
-                m.model("nv_inference_pending_request_count", "slow"),
-            ))
+            seen.append(
+                (
+                    m.model("sluice_queue_depth", "slow"),
+                    m.model("sluice_queue_pending", "slow"),
+                    m.model("sluice_queue_oldest_age_seconds", "slow"),
+                    m.model("nv_inference_pending_request_count", "slow"),
+                )
+            )
             time.sleep(0.05)
 
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
         with ThreadPoolExecutor(burst) as pool:
-            clients = [httpclient.InferenceServerClient(server.http_url, network_timeout=60)
-                       for _ in range(burst)]
+            clients = [
+                httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+                for _ in range(burst)
+            ]
             list(pool.map(lambda c: _slow(c, "slow", 250), clients))
             for c in clients:
                 c.close()

@@ -294,7 +294,8 @@ def test_ort_helper_threads_run_at_idle_priority(explicit_server: Server) -> Non
             config = _batch_scale_config(4, intra_op_thread_count="3", **extra)
             client.load_model("batch_scale", config=json.dumps(config))
             (record,) = [
-                r for r in instance_records(explicit_server, "batch_scale").values()
+                r
+                for r in instance_records(explicit_server, "batch_scale").values()
                 if r.get("state") == "READY"
             ]
             assert _idle_threads(record["pid"]) == idle, extra
@@ -708,10 +709,9 @@ def test_an_old_instance_killed_during_a_reload_loses_no_request(
         thread.start()
     try:
         time.sleep(1.0)
+
         def reload() -> None:  # its own client: tritonclient.http's is per thread
-            admin = httpclient.InferenceServerClient(
-                explicit_server.http_url, network_timeout=120
-            )
+            admin = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
             try:
                 admin.load_model(
                     "slow_pair",
@@ -882,7 +882,8 @@ def test_statistics_add_up_across_reloads_and_instance_shards_do_not_pile_up(
     assert after["inference_count"] - before["inference_count"] == 2 * requests_made
     metrics = requests.get(explicit_server.metrics_url, timeout=10).text
     line = next(
-        x for x in metrics.splitlines()
+        x
+        for x in metrics.splitlines()
         if x.startswith('nv_inference_count{model="batch_scale",version="1"}')
     )
     assert int(float(line.split()[-1])) == after["inference_count"]

@@ -24,7 +24,7 @@ import tritonclient.http as httpclient
 from e2e_support import load_while, start_server, stop_server
 from tritonclient.utils import InferenceServerException
 
-from broker.redis_server import free_port, redis_answers
+from sluice.broker.redis_server import free_port, redis_answers
 
 pytestmark = pytest.mark.e2e
 
@@ -225,7 +225,8 @@ def test_a_redis_restart_that_keeps_its_data_loses_and_repeats_nothing(
     for worker in range(6):
         last = sorted(v for v in results if v // 10000 == worker)[-3:]
         assert len(last) == 3 and all(v in answered for v in last), (
-            worker, [results[v] for v in last]
+            worker,
+            [results[v] for v in last],
         )
     executions = _executions(tmp_path)
     assert not {v: n for v, n in executions.items() if n > 1}

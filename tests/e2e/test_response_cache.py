@@ -43,9 +43,7 @@ def _infer(client, module, model: str, value: float, request_id: str) -> tuple[f
     tensor = module.InferInput("IN", [1, 1], "FP32")
     tensor.set_data_from_numpy(np.array([[value]], np.float32))
     started = time.perf_counter()
-    result = client.infer(
-        model, [tensor], request_id=request_id, parameters={"sleep_ms": SLEEP_MS}
-    )
+    result = client.infer(model, [tensor], request_id=request_id, parameters={"sleep_ms": SLEEP_MS})
     elapsed = time.perf_counter() - started
     return elapsed, {
         "id": result.get_response()["id"] if module is httpclient else result.get_response().id,
@@ -116,6 +114,7 @@ def test_a_repeated_request_is_answered_from_the_cache(cached_server) -> None:
     # the latency summaries hold the hits too (Triton: "includes cached requests"): of
     # 4 requests, the 2 fast hits are the lower half, the 2 that ran the upper
     summary = "nv_inference_request_summary_us"
+
     def p90() -> float:  # NaN (no request in the window yet) compares False
         return scrape(cached_server.metrics_url).model(summary, "slow_cached", quantile="0.9")
 

@@ -33,8 +33,8 @@ from e2e_support import (
 )
 from tritonclient.utils import InferenceServerException
 
-from broker.redis_server import delete_prefix, free_port, start_private_redis
-from gpu_workers.processes import EXIT_GRACE_S
+from sluice.broker.redis_server import delete_prefix, free_port, start_private_redis
+from sluice.gpu_workers.processes import EXIT_GRACE_S
 
 pytestmark = pytest.mark.e2e
 
@@ -897,7 +897,7 @@ def _run_during_ctrl_c(server, calls: list[tuple[int, float, str]]) -> list[tupl
 def _queued(server, model: str) -> int:
     import redis
 
-    from broker.keys import KeySchema
+    from sluice.broker.keys import KeySchema
 
     client = redis.Redis.from_url(server.redis_url)
     try:
@@ -973,7 +973,7 @@ def test_a_gateway_that_cannot_bind_its_shared_port_says_so_in_one_line(redis_ur
     port = holder.getsockname()[1]
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "api.cli", "gateway", "--http-address", "127.0.0.1",
+            [sys.executable, "-m", "sluice.cli", "gateway", "--http-address", "127.0.0.1",
              "--http-port", str(port), "--grpc-port", "0", "--metrics-port", "0",
              "--redis-url", redis_url, "--key-prefix", "sluice-e2e-bind:"],
             env={**os.environ, "SLUICE_REUSE_PORT": "1"},

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from broker.multiplex import MultiplexedConnection
+from sluice.broker.multiplex import MultiplexedConnection
 
 
 @pytest.fixture

@@ -12,17 +12,18 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 import redis.asyncio
 
-from api.app import build_dataplane
-from api.dataplane import DataPlane
-from api.models import ModelView, build_view
-from api.settings import GatewaySettings
-from broker.errors import SluiceError
-from broker.keys import WORKER_GROUP
-from broker.messages import WireTensor
-from broker.model_store import ModelRecord, ModelState, VersionState
-from broker.multiplex import MultiplexedConnection
-from broker.producer import PAYLOAD_FIELD, Producer
-from broker.settings import RedisSettings
+from sluice.api.app import build_dataplane
+from sluice.api.dataplane import DataPlane
+from sluice.api.models import ModelView, build_view
+from sluice.api.settings import GatewaySettings
+from sluice.broker.errors import SluiceError
+from sluice.broker.keys import WORKER_GROUP
+from sluice.broker.messages import WireTensor
+from sluice.broker.model_store import ModelRecord, VersionState
+from sluice.broker.multiplex import MultiplexedConnection
+from sluice.broker.producer import PAYLOAD_FIELD, Producer
+from sluice.broker.settings import RedisSettings
+from sluice.broker.states import ModelState
 
 STREAM = "{m}:q:1"
 STATS = "{m}:stats:1"
@@ -180,7 +181,7 @@ async def test_a_request_an_instance_took_still_runs(
     key_prefix: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="api.dataplane")
+    caplog.set_level(logging.DEBUG, logger="sluice.api.dataplane")
     stream, stats = key_prefix + STREAM, key_prefix + STATS
     await client.xgroup_create(stream, WORKER_GROUP, id="0", mkstream=True)
     future = _submit(dataplane, _view(), 1)

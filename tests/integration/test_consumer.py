@@ -9,12 +9,12 @@ import pytest
 import redis
 import redis.asyncio
 
-from broker.codec import decode_response, encode_request
-from broker.consumer import REPLY_TTL_S, StreamConsumer
-from broker.keys import WORKER_GROUP, KeySchema
-from broker.messages import InferRequestMessage, InferResponseMessage, WireTensor
-from broker.producer import PAYLOAD_FIELD
-from broker.stats_store import (
+from sluice.broker.codec import decode_response, encode_request
+from sluice.broker.consumer import REPLY_TTL_S, StreamConsumer
+from sluice.broker.keys import WORKER_GROUP, KeySchema
+from sluice.broker.messages import InferRequestMessage, InferResponseMessage, WireTensor
+from sluice.broker.producer import PAYLOAD_FIELD
+from sluice.broker.stats_store import (
     ExecutionTimes,
     StatsDelta,
     StatsShard,

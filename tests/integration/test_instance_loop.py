@@ -14,15 +14,15 @@ import redis.asyncio
 from google.protobuf import text_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from broker.codec import decode_response, encode_request
-from broker.consumer import Delivery, StreamConsumer
-from broker.keys import WORKER_GROUP, KeySchema
-from broker.messages import InferRequestMessage, WireTensor
-from broker.producer import PAYLOAD_FIELD
-from broker.scheduling import ShapeKeys, StreamLayout, scheduling_policy
-from broker.stats_store import StatsShard, open_stats_shard, read_stats
-from gpu_workers.backends.base import InferRequest, InferResponse
-from gpu_workers.loop import InstanceLoop, output_datatypes
+from sluice.broker.codec import decode_response, encode_request
+from sluice.broker.consumer import Delivery, StreamConsumer
+from sluice.broker.keys import WORKER_GROUP, KeySchema
+from sluice.broker.messages import InferRequestMessage, WireTensor
+from sluice.broker.producer import PAYLOAD_FIELD
+from sluice.broker.scheduling import ShapeKeys, StreamLayout, scheduling_policy
+from sluice.broker.stats_store import StatsShard, open_stats_shard, read_stats
+from sluice.gpu_workers.backends.base import InferRequest, InferResponse
+from sluice.gpu_workers.loop import InstanceLoop, output_datatypes
 
 CONFIG = """
 name: "m" max_batch_size: 8

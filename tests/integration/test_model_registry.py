@@ -10,13 +10,19 @@ import redis.asyncio
 from google.protobuf import json_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from api.app import build_dataplane
-from api.models import ModelRegistry
-from api.settings import GatewaySettings
-from broker.errors import SluiceError
-from broker.keys import KeySchema
-from broker.model_store import AsyncModelStore, ModelRecord, ModelState, ModelStore, VersionState
-from broker.settings import RedisSettings
+from sluice.api.app import build_dataplane
+from sluice.api.models import ModelRegistry
+from sluice.api.settings import GatewaySettings
+from sluice.broker.errors import SluiceError
+from sluice.broker.keys import KeySchema
+from sluice.broker.model_store import (
+    AsyncModelStore,
+    ModelRecord,
+    ModelState,
+    ModelStore,
+    VersionState,
+)
+from sluice.broker.settings import RedisSettings
 
 
 class _CountingStore(AsyncModelStore):

@@ -9,8 +9,8 @@ import pytest
 import redis
 import redis.exceptions
 
-from broker.multiplex import MultiplexedConnection
-from broker.scripts import Script
+from sluice.broker.multiplex import MultiplexedConnection
+from sluice.broker.scripts import Script
 
 
 async def test_concurrent_calls_get_their_own_replies(connection: MultiplexedConnection) -> None:

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import redis
 
-from broker.redis_server import (
+from sluice.broker.redis_server import (
     private_redis_url,
     remove_stale_folders,
     restart_private_redis,
     start_private_redis,
     stop_private_redis,
 )
-from gpu_workers.supervisor import ServeOptions, Supervisor
+from sluice.supervisor.supervisor import ServeOptions, Supervisor
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from broker.redis_server import delete_prefix
+from sluice.broker.redis_server import delete_prefix
 
 
 def test_deletes_only_the_prefix(redis_url: str, key_prefix: str) -> None:

@@ -9,9 +9,9 @@ import pytest
 import redis
 import redis.asyncio
 
-from broker.codec import encode_response
-from broker.messages import InferResponseMessage
-from broker.replies import _POP_BLOCK_S, _POPS_QUEUED, ReplyRouter
+from sluice.broker.codec import encode_response
+from sluice.broker.messages import InferResponseMessage
+from sluice.broker.replies import _POP_BLOCK_S, _POPS_QUEUED, ReplyRouter
 
 
 def _answer(request_id: str) -> bytes:

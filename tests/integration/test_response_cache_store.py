@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from api.response_cache import ResponseCache
-from broker.keys import KeySchema
-from broker.messages import InferRequestMessage, InferResponseMessage, WireTensor
-from broker.multiplex import MultiplexedConnection
+from sluice.api.response_cache import ResponseCache
+from sluice.broker.keys import KeySchema
+from sluice.broker.messages import InferRequestMessage, InferResponseMessage, WireTensor
+from sluice.broker.multiplex import MultiplexedConnection
 
 
 def _request(request_id: str, load_id: str) -> InferRequestMessage:

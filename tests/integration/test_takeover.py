@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from broker.codec import encode_response
-from broker.direct import DirectConnection
-from broker.messages import InferResponseMessage
-from broker.multiplex import MultiplexedConnection
-from broker.replies import ReplyRouter
+from sluice.broker.codec import encode_response
+from sluice.broker.direct import DirectConnection
+from sluice.broker.messages import InferResponseMessage
+from sluice.broker.multiplex import MultiplexedConnection
+from sluice.broker.replies import ReplyRouter
 
 
 @contextlib.contextmanager

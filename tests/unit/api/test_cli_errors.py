@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from api.cli import main
+from sluice.cli import main
 
 
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
-        (["--metrics-config", "summary_quantiles=abc"],
-         "argument --metrics-config: summary_quantiles: 'abc' has no ':'"),
+        (
+            ["--metrics-config", "summary_quantiles=abc"],
+            "argument --metrics-config: summary_quantiles: 'abc' has no ':'",
+        ),
         (["--metrics-config", "summary_quantiles=2:0.1"], "the quantile must be in [0, 1]"),
         (["--gateway-processes", "0"], "argument --gateway-processes: expected a whole number"),
         (["--gateway-processes", "-1"], "expected a whole number >= 1, got '-1'"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from api.grpc.server import ClientGoneFilter
+from sluice.api.grpc.server import ClientGoneFilter
 
 
 def _record(level: int, msg: str, args: tuple[object, ...] = ()) -> logging.LogRecord:

@@ -8,10 +8,10 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2
 from tritonclient.grpc._utils import _get_inference_request
 
-from api.access import AccessPolicy, http_group, parse_spec
-from api.grpc.codec import encode_infer_response, parse_infer_request, parse_version
-from broker.errors import ErrorCode, SluiceError
-from broker.messages import RequestedOutput, WireTensor
+from sluice.api.access import AccessPolicy, http_group, parse_spec
+from sluice.api.grpc.codec import encode_infer_response, parse_infer_request, parse_version
+from sluice.broker.errors import ErrorCode, SluiceError
+from sluice.broker.messages import RequestedOutput, WireTensor
 
 
 def _request(**kwargs: object) -> service_pb2.ModelInferRequest:

@@ -1,4 +1,4 @@
-"""api.http.header_cache: binary-request headers parsed once, by their bytes."""
+"""sluice.api.http.header_cache: binary-request headers parsed once, by their bytes."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import tritonclient.http as httpclient
 from e2e_support import tritonclient_body
 
-from api.http.header_cache import HeaderCache
-from api.http.infer_codec import parse_infer_request
-from broker.errors import SluiceError
+from sluice.api.http.header_cache import HeaderCache
+from sluice.api.http.infer_codec import parse_infer_request
+from sluice.broker.errors import SluiceError
 
 MODEL = "m"
 

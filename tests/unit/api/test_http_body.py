@@ -7,8 +7,8 @@ import zlib
 
 import pytest
 
-from api.http.body import compress, decompress, negotiate_encoding
-from broker.errors import ErrorCode, SluiceError
+from sluice.api.http.body import compress, decompress, negotiate_encoding
+from sluice.broker.errors import ErrorCode, SluiceError
 
 BODY = b'{"inputs": []}' * 100
 

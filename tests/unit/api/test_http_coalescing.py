@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from api.http.coalescing import CoalescingTransport
+from sluice.api.http.coalescing import CoalescingTransport
 
 
 class _Recording:

@@ -11,11 +11,11 @@ import pytest
 import tritonclient.http as httpclient
 from e2e_support import tritonclient_body
 
-from api.http.infer_codec import HttpInferRequest, encode_infer_response, parse_infer_request
-from broker.datatypes import serialize_bytes, to_numpy
-from broker.errors import ErrorCode, SluiceError
-from broker.messages import RequestedOutput, WireTensor
-from broker.request_checks import TensorSpec
+from sluice.api.http.infer_codec import HttpInferRequest, encode_infer_response, parse_infer_request
+from sluice.broker.datatypes import serialize_bytes, to_numpy
+from sluice.broker.errors import ErrorCode, SluiceError
+from sluice.broker.messages import RequestedOutput, WireTensor
+from sluice.broker.request_checks import TensorSpec
 
 MODEL = "m"
 NUMPY = {"FP32": np.float32, "FP64": np.float64}

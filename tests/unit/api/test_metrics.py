@@ -9,26 +9,31 @@ from pathlib import Path
 
 import pytest
 
-from api.dashboard.history import DashboardHistory
-from api.frontend_flags import (
+from sluice.api.dashboard.history import DashboardHistory
+from sluice.api.frontend_flags import (
     add_frontend_arguments,
     apply_frontend_arguments,
     forward_frontend_arguments,
 )
-from api.metrics.exposition import CONTENT_TYPE, Family, render
-from api.metrics.families import model_families
-from api.metrics.host import HostSampler
-from api.metrics.snapshot import QueueFacts, VersionSample
-from api.settings import GatewaySettings
-from broker.logs import LogOptions
-from broker.model_store import ModelState, VersionState
-from broker.stats_store import VersionStats
+from sluice.api.metrics.exposition import CONTENT_TYPE, Family, render
+from sluice.api.metrics.families import model_families
+from sluice.api.metrics.host import HostSampler
+from sluice.api.metrics.snapshot import QueueFacts, VersionSample
+from sluice.api.settings import GatewaySettings
+from sluice.broker.logs import LogOptions
+from sluice.broker.model_store import VersionState
+from sluice.broker.states import ModelState
+from sluice.broker.stats_store import VersionStats
 
 
 def _sample(model: str = "m", state: str = "READY", **counters: int) -> VersionSample:
     return VersionSample(
-        model, 1, state, stats=VersionStats(dict(counters)),
-        queue=QueueFacts(depth=3, pending=2, oldest_ms=9_000), live_instances=2,
+        model,
+        1,
+        state,
+        stats=VersionStats(dict(counters)),
+        queue=QueueFacts(depth=3, pending=2, oldest_ms=9_000),
+        live_instances=2,
     )
 
 
@@ -48,8 +53,13 @@ def test_render_keeps_tritons_names_and_integer_values() -> None:
 
 def test_model_families_from_counters() -> None:
     samples = [
-        _sample(success_count=10, inference_count=64, execution_count=3, success_ns=12_345_678,
-                **{"fail_reason:BACKEND": 2}),
+        _sample(
+            success_count=10,
+            inference_count=64,
+            execution_count=3,
+            success_ns=12_345_678,
+            **{"fail_reason:BACKEND": 2},
+        ),
         _sample("gone", state="UNAVAILABLE"),
     ]
     families = {f.name: f for f in model_families(samples, now_ms=10_500)}
@@ -109,13 +119,26 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def test_metrics_and_log_flags() -> None:
-    argv = ["--metrics-port", "18899", "--allow-gpu-metrics", "false",
-            "--metrics-config", "counter_latencies=false", "--metrics-interval-ms", "500",
-            "--log-format", "ISO8601", "--log-info", "false"]
+    argv = [
+        "--metrics-port",
+        "18899",
+        "--allow-gpu-metrics",
+        "false",
+        "--metrics-config",
+        "counter_latencies=false",
+        "--metrics-interval-ms",
+        "500",
+        "--log-format",
+        "ISO8601",
+        "--log-info",
+        "false",
+    ]
     args = _parse(argv)
     settings = apply_frontend_arguments(GatewaySettings(), args)
     assert (settings.metrics.port, settings.metrics.gpu, settings.metrics.interval_ms) == (
-        18899, False, 500
+        18899,
+        False,
+        500,
     )
     assert settings.metrics.counter_latencies is False
     assert (settings.log_format, settings.log_info) == ("ISO8601", False)
@@ -143,8 +166,12 @@ def test_log_options_round_trip_through_the_environment() -> None:
 
 
 def test_summary_flags_round_trip_and_bad_quantiles_are_refused(capsys) -> None:
-    argv = ["--metrics-config", "summary_latencies=true",
-            "--metrics-config", "summary_quantiles=0.5:0.05,0.99:0.001"]
+    argv = [
+        "--metrics-config",
+        "summary_latencies=true",
+        "--metrics-config",
+        "summary_quantiles=0.5:0.05,0.99:0.001",
+    ]
     args = _parse(argv)
     settings = apply_frontend_arguments(GatewaySettings(), args)
     assert settings.metrics.summary_latencies is True

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from api.periodic import STOP_TIMEOUT_S, Periodic
+from sluice.api.periodic import STOP_TIMEOUT_S, Periodic
 
 
 def test_stop_ends_a_timer_whose_call_swallows_its_cancellation() -> None:
@@ -39,6 +39,7 @@ def test_stop_ends_a_timer_whose_call_swallows_its_cancellation() -> None:
 def test_stop_gives_up_on_a_call_that_never_ends() -> None:
     """A call that ignores its cancellation and goes on is waited for
     :data:`STOP_TIMEOUT_S` at most."""
+
     async def scenario() -> float:
         done = asyncio.Event()
 

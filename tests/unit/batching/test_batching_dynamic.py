@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from batching import (
+from sluice.batching import (
     Accepted,
     Batch,
     DynamicBatcher,

@@ -14,7 +14,7 @@ from itertools import accumulate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batching import (
+from sluice.batching import (
     Accepted,
     Batch,
     DynamicBatcher,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from batching import BatchingPolicyError, DynamicBatchingPolicy, QueuePolicy
+from sluice.batching import BatchingPolicyError, DynamicBatchingPolicy, QueuePolicy
 
 DELAY_10 = QueuePolicy(timeout_action="DELAY", default_timeout_us=10)
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batching import BatchingError, concat_inputs, split_outputs
+from sluice.batching import BatchingError, concat_inputs, split_outputs
 
 
 def test_single_request_is_not_copied() -> None:

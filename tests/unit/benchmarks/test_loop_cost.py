@@ -6,7 +6,7 @@ import hiredis
 import numpy as np
 from e2e_support import load_module
 
-from broker.codec import decode_response
+from sluice.broker.codec import decode_response
 
 
 def test_a_batch_is_answered_and_acknowledged() -> None:

@@ -6,21 +6,21 @@ import msgpack
 import numpy as np
 import pytest
 
-from broker.codec import (
+from sluice.broker.codec import (
     CodecError,
     decode_request,
     decode_response,
     encode_request,
     encode_response,
 )
-from broker.datatypes import (
+from sluice.broker.datatypes import (
     NUMPY_DTYPES,
     deserialize_bytes,
     from_numpy,
     serialize_bytes,
     to_numpy,
 )
-from broker.messages import ErrorInfo, InferRequestMessage, InferResponseMessage, WireTensor
+from sluice.broker.messages import ErrorInfo, InferRequestMessage, InferResponseMessage, WireTensor
 
 NUMERIC = [name for name in NUMPY_DTYPES if name != "BYTES"]
 
@@ -37,9 +37,16 @@ def _array(datatype: str, shape: tuple[int, ...]) -> np.ndarray:
 
 def _request(inputs: tuple[WireTensor, ...]) -> InferRequestMessage:
     return InferRequestMessage(
-        request_id="abc", client_id="client-1", model="m", version=3, inputs=inputs,
-        outputs=("OUT",), parameters={"sequence_id": 7, "flag": True, "name": "x", "k": 1.5},
-        reply_to="sluice:reply:g1", deadline_ns=2**62, enqueued_ns=123,
+        request_id="abc",
+        client_id="client-1",
+        model="m",
+        version=3,
+        inputs=inputs,
+        outputs=("OUT",),
+        parameters={"sequence_id": 7, "flag": True, "name": "x", "k": 1.5},
+        reply_to="sluice:reply:g1",
+        deadline_ns=2**62,
+        enqueued_ns=123,
     )
 
 
@@ -58,12 +65,15 @@ def test_numeric_tensor_round_trip(datatype: str, shape: tuple[int, ...]) -> Non
     np.testing.assert_array_equal(back, array)
 
 
-@pytest.mark.parametrize("items", [
-    [b"ab", b"xyz"],
-    [b"", b"", b""],
-    [b"\xff\x00\x01", "ünïcode".encode()],
-    [],
-])
+@pytest.mark.parametrize(
+    "items",
+    [
+        [b"ab", b"xyz"],
+        [b"", b"", b""],
+        [b"\xff\x00\x01", "ünïcode".encode()],
+        [],
+    ],
+)
 def test_bytes_round_trip(items: list[bytes]) -> None:
     array = np.empty(len(items), dtype=object)
     array[:] = items
@@ -79,19 +89,28 @@ def test_bytes_layout_is_tritons() -> None:
     assert serialize_bytes([b"ab", b"xyz"]) == bytes.fromhex("0200000061620300000078797a")
 
 
-@pytest.mark.parametrize(("buffer", "count", "message"), [
-    (b"\x02\x00\x00", None, "incomplete string length indicator"),
-    (b"\x05\x00\x00\x00ab", None, "incomplete string data"),
-    (serialize_bytes([b"a"]), 2, "unexpected number of string elements 1, expecting 2"),
-])
+@pytest.mark.parametrize(
+    ("buffer", "count", "message"),
+    [
+        (b"\x02\x00\x00", None, "incomplete string length indicator"),
+        (b"\x05\x00\x00\x00ab", None, "incomplete string data"),
+        (serialize_bytes([b"a"]), 2, "unexpected number of string elements 1, expecting 2"),
+    ],
+)
 def test_bytes_errors(buffer: bytes, count: int | None, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         deserialize_bytes(buffer, count)
 
 
 def test_response_round_trip() -> None:
-    ok = InferResponseMessage("abc", "m", 1, (WireTensor("OUT", "FP32", (1, 2), b"\0" * 8),),
-                              parameters={"p": 1}, timings={"queue": 5})
+    ok = InferResponseMessage(
+        "abc",
+        "m",
+        1,
+        (WireTensor("OUT", "FP32", (1, 2), b"\0" * 8),),
+        parameters={"p": 1},
+        timings={"queue": 5},
+    )
     assert decode_response(encode_response(ok)) == ok
     failed = InferResponseMessage("abc", "m", 1, error=ErrorInfo("INVALID_ARG", "bad"))
     assert decode_response(encode_response(failed)) == failed

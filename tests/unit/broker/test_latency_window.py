@@ -10,8 +10,8 @@ import redis
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.keys import KeySchema
-from broker.latency_window import (
+from sluice.broker.keys import KeySchema
+from sluice.broker.latency_window import (
     AGE_BUCKET_S,
     FLUSH_NS,
     LatencyRecorder,

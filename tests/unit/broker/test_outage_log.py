@@ -8,8 +8,8 @@ import logging
 import pytest
 import redis.exceptions
 
-from api.periodic import Periodic
-from broker.outage import OutageLog
+from sluice.api.periodic import Periodic
+from sluice.broker.outage import OutageLog
 
 LOGGER = "test.outage"
 
@@ -76,7 +76,7 @@ def test_without_successes_a_line_at_most_every_interval(caplog: pytest.LogCaptu
 def test_periodic_logs_a_redis_outage_once_without_traceback(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, "api.periodic")
+    caplog.set_level(logging.WARNING, "sluice.api.periodic")
     calls = 0
 
     async def sample() -> None:
@@ -95,7 +95,7 @@ def test_periodic_logs_a_redis_outage_once_without_traceback(
         await timer.stop()
 
     asyncio.run(main())
-    records = [r for r in caplog.records if r.name == "api.periodic"]
+    records = [r for r in caplog.records if r.name == "sluice.api.periodic"]
     texts = [r.getMessage() for r in records]
     assert texts[0] == "sluice-dashboard: Redis unreachable: Error 111 connecting"
     assert texts[1] == "sluice-dashboard failed"  # any other error: with its traceback

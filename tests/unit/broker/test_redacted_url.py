@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.redis_server import redacted
+from sluice.broker.redis_server import redacted
 
 
 @pytest.mark.parametrize(

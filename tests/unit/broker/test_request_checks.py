@@ -1,4 +1,4 @@
-"""broker.request_checks: a request against its model's config, with Triton's texts."""
+"""sluice.broker.request_checks: a request against its model's config, with Triton's texts."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from broker.datatypes import serialize_bytes
-from broker.errors import ErrorCode, SluiceError
-from broker.messages import WireTensor
-from broker.request_checks import RequestRules, validate_request
+from sluice.broker.datatypes import serialize_bytes
+from sluice.broker.errors import ErrorCode, SluiceError
+from sluice.broker.messages import WireTensor
+from sluice.broker.request_checks import RequestRules, validate_request
 
 CONFIG = """
 name: "m" max_batch_size: 8
@@ -36,7 +36,9 @@ def _refusal(inputs: list[WireTensor]) -> str:
 def test_the_rules_of_a_config() -> None:
     assert RULES.name == "m" and RULES.max_batch_size == 8
     assert [(s.name, s.datatype, s.dims) for s in RULES.inputs.values()] == [
-        ("INPUT0", "FP32", (2,)), ("INPUT1", "FP32", (2,)), ("INPUT2", "BYTES", (3,))
+        ("INPUT0", "FP32", (2,)),
+        ("INPUT1", "FP32", (2,)),
+        ("INPUT2", "BYTES", (3,)),
     ]
     full = [FP32, WireTensor("INPUT1", "FP32", (2, 2), bytes(16)), _strings(3)]
     with pytest.raises(SluiceError):  # batch sizes 1 and 2
@@ -60,8 +62,11 @@ def test_missing_inputs_are_named_as_triton_names_them() -> None:
     ("count", "text"),
     [
         (2, "expected 3 string elements for inference input 'INPUT2' for model 'm', got 2"),
-        (5, "unexpected number of string elements 4 for inference input 'INPUT2' for model "
-            "'m', expecting 3"),
+        (
+            5,
+            "unexpected number of string elements 4 for inference input 'INPUT2' for model "
+            "'m', expecting 3",
+        ),
     ],
 )
 def test_a_string_input_with_another_element_count(count: int, text: str) -> None:

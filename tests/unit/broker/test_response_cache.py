@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import redis
 
-from broker.keys import KeySchema
-from broker.messages import WireTensor
-from broker.response_cache import (
+from sluice.broker.keys import KeySchema
+from sluice.broker.messages import WireTensor
+from sluice.broker.response_cache import (
     CACHE_INSERT,
     CACHE_LOOKUP,
     parse_cache_config,

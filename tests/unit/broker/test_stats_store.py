@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.stats_store import (
+from sluice.broker.stats_store import (
     ExecutionTimes,
     StatsDelta,
     StatsShard,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from gpu_workers.backends.registry import gpu_available
+from sluice.gpu_workers.backends.registry import gpu_available
 
 
 def test_onnxruntime_needs_the_cuda_execution_provider() -> None:

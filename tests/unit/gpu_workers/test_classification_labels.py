@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_workers.classification import read_labels
+from sluice.gpu_workers.classification import read_labels
 
 
 def test_labels_are_the_file_lines(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_workers.processes import generation_suffix, triton_instance_name
+from sluice.gpu_workers.processes import generation_suffix, triton_instance_name
 
 
 def test_generation_suffix_only_after_the_first_load() -> None:

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from gpu_workers.backends.base import ModelCodeError
-from gpu_workers.main import log_load_failure
+from sluice.gpu_workers.backends.base import ModelCodeError
+from sluice.gpu_workers.main import log_load_failure
 
 
 def _raised(exc: BaseException) -> BaseException:

@@ -1,4 +1,4 @@
-"""gpu_workers.backends.ort_options: Triton onnxruntime_backend options -> ORT settings."""
+"""sluice.gpu_workers.backends.ort_options: Triton onnxruntime_backend options -> ORT settings."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from gpu_workers.backends.ort_options import apply_settings, session_settings
+from sluice.gpu_workers.backends.ort_options import apply_settings, session_settings
 
 CPU_ONLY = ["CPUExecutionProvider"]
 CUDA = ["CUDAExecutionProvider", "CPUExecutionProvider"]
@@ -46,8 +46,9 @@ def test_defaults_cpu_and_no_spinning() -> None:
     assert settings.warnings == []
 
 
-@pytest.mark.parametrize(("value", "expected"), [("normal", "normal"), ("IDLE", "idle"),
-                                                 ("idle", "idle")])
+@pytest.mark.parametrize(
+    ("value", "expected"), [("normal", "normal"), ("IDLE", "idle"), ("idle", "idle")]
+)
 def test_helper_thread_priority(value: str, expected: str) -> None:
     config = _config(_params(intra_op_thread_priority=value))
     assert session_settings(config, "CPU", 0, CPU_ONLY).helper_priority == expected
@@ -62,9 +63,13 @@ def test_no_thread_is_made_idle_in_parallel_execution_mode(value: str | None, wa
     settings = session_settings(config, "CPU", 0, CPU_ONLY)
     assert settings.helper_priority == "normal"
     assert settings.warnings == (
-        ["model 'm': 'intra_op_thread_priority' 'idle' is not applied with execution_mode "
-         "parallel (the inter-op threads, which the calling thread waits for, cannot be "
-         "told apart from the intra-op helpers)"] if warned else []
+        [
+            "model 'm': 'intra_op_thread_priority' 'idle' is not applied with execution_mode "
+            "parallel (the inter-op threads, which the calling thread waits for, cannot be "
+            "told apart from the intra-op helpers)"
+        ]
+        if warned
+        else []
     )
 
 
@@ -119,29 +124,52 @@ def test_thread_counts_and_execution_mode(
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        ({"intra_op_thread_count": "two"},
-         "model 'm': parameter 'intra_op_thread_count' must be an integer, got 'two'"),
-        ({"inter_op_thread_count": "-1"},
-         "model 'm': parameter 'inter_op_thread_count' must be >= 0, got -1"),
-        ({"execution_mode": "2"},
-         "model 'm': parameter 'execution_mode' must be 0 (sequential) or 1 (parallel), got '2'"),
-        ({"enable_mem_arena": "maybe"},
-         "model 'm': parameter 'enable_mem_arena' must be 0/1 or true/false, got 'maybe'"),
-        ({"intra_op_thread_priority": "high"},
-         "model 'm': parameter 'intra_op_thread_priority' must be 'idle' or 'normal', got 'high'"),
-        ({"intra_op_thread_count": "100000"},
-         "model 'm': parameter 'intra_op_thread_count' must be <= 1024, got 100000"),
-        ({"inter_op_thread_count": "1025"},
-         "model 'm': parameter 'inter_op_thread_count' must be <= 1024, got 1025"),
+        (
+            {"intra_op_thread_count": "two"},
+            "model 'm': parameter 'intra_op_thread_count' must be an integer, got 'two'",
+        ),
+        (
+            {"inter_op_thread_count": "-1"},
+            "model 'm': parameter 'inter_op_thread_count' must be >= 0, got -1",
+        ),
+        (
+            {"execution_mode": "2"},
+            "model 'm': parameter 'execution_mode' must be 0 (sequential) or 1 (parallel), got '2'",
+        ),
+        (
+            {"enable_mem_arena": "maybe"},
+            "model 'm': parameter 'enable_mem_arena' must be 0/1 or true/false, got 'maybe'",
+        ),
+        (
+            {"intra_op_thread_priority": "high"},
+            "model 'm': parameter 'intra_op_thread_priority' must be 'idle' or 'normal', "
+            "got 'high'",
+        ),
+        (
+            {"intra_op_thread_count": "100000"},
+            "model 'm': parameter 'intra_op_thread_count' must be <= 1024, got 100000",
+        ),
+        (
+            {"inter_op_thread_count": "1025"},
+            "model 'm': parameter 'inter_op_thread_count' must be <= 1024, got 1025",
+        ),
         # empty values are refused, as Triton's std::stoi-based parsing refuses them
-        ({"intra_op_thread_count": ""},
-         "model 'm': parameter 'intra_op_thread_count' must be an integer, got ''"),
-        ({"execution_mode": ""},
-         "model 'm': parameter 'execution_mode' must be 0 (sequential) or 1 (parallel), got ''"),
-        ({"enable_mem_pattern": ""},
-         "model 'm': parameter 'enable_mem_pattern' must be 0/1 or true/false, got ''"),
-        ({"intra_op_thread_priority": ""},
-         "model 'm': parameter 'intra_op_thread_priority' must be 'idle' or 'normal', got ''"),
+        (
+            {"intra_op_thread_count": ""},
+            "model 'm': parameter 'intra_op_thread_count' must be an integer, got ''",
+        ),
+        (
+            {"execution_mode": ""},
+            "model 'm': parameter 'execution_mode' must be 0 (sequential) or 1 (parallel), got ''",
+        ),
+        (
+            {"enable_mem_pattern": ""},
+            "model 'm': parameter 'enable_mem_pattern' must be 0/1 or true/false, got ''",
+        ),
+        (
+            {"intra_op_thread_priority": ""},
+            "model 'm': parameter 'intra_op_thread_priority' must be 'idle' or 'normal', got ''",
+        ),
     ],
 )
 def test_invalid_parameters_fail_the_load(params: dict[str, str], message: str) -> None:
@@ -160,8 +188,13 @@ def test_graph_level(level: int, expected: str) -> None:
 
 
 def test_memory_flags_and_passthrough_entries() -> None:
-    config = _config(_params(enable_mem_arena="0", enable_mem_pattern="true",
-                             **{"memory.enable_memory_arena_shrinkage": "cpu:0"}))
+    config = _config(
+        _params(
+            enable_mem_arena="0",
+            enable_mem_pattern="true",
+            **{"memory.enable_memory_arena_shrinkage": "cpu:0"},
+        )
+    )
     settings = session_settings(config, "CPU", 0, CPU_ONLY)
     assert (settings.enable_mem_arena, settings.enable_mem_pattern) == (False, True)
     assert settings.config_entries["memory.enable_memory_arena_shrinkage"] == "cpu:0"
@@ -187,8 +220,10 @@ def test_tensorrt_accelerator_on_gpu_with_trt_provider() -> None:
 
 def test_tensorrt_accelerator_without_trt_provider_warns_and_uses_cuda() -> None:
     settings = session_settings(_config(TRT_ACCELERATOR), "GPU", 0, CUDA)
-    assert settings.providers == [("CUDAExecutionProvider", {"device_id": "0"}),
-                                  "CPUExecutionProvider"]
+    assert settings.providers == [
+        ("CUDAExecutionProvider", {"device_id": "0"}),
+        "CPUExecutionProvider",
+    ]
     assert settings.warnings == [
         "model 'm': gpu_execution_accelerator 'tensorrt' asked for but this onnxruntime has "
         "no TensorrtExecutionProvider; running on CUDA"
@@ -207,13 +242,14 @@ def test_cuda_accelerator_parameters_reach_the_cuda_provider() -> None:
     )
     settings = session_settings(config, "GPU", 0, CUDA)
     assert settings.providers[0] == (
-        "CUDAExecutionProvider", {"device_id": "0", "cudnn_conv_use_max_workspace": "0"}
+        "CUDAExecutionProvider",
+        {"device_id": "0", "cudnn_conv_use_max_workspace": "0"},
     )
 
 
 def test_openvino_is_ignored_with_a_warning() -> None:
     config = _config(
-        'optimization { execution_accelerators { cpu_execution_accelerator: [ '
+        "optimization { execution_accelerators { cpu_execution_accelerator: [ "
         '{ name: "openvino" } ] } }'
     )
     settings = session_settings(config, "CPU", 0, CPU_ONLY)
@@ -225,16 +261,21 @@ def test_openvino_is_ignored_with_a_warning() -> None:
 
 
 def test_gpu_instance_without_cuda_fails() -> None:
-    with pytest.raises(RuntimeError, match="KIND_GPU but this onnxruntime has no "
-                                           "CUDAExecutionProvider"):
+    with pytest.raises(
+        RuntimeError, match="KIND_GPU but this onnxruntime has no CUDAExecutionProvider"
+    ):
         session_settings(_config(), "GPU", 0, CPU_ONLY)
 
 
 def test_apply_settings_on_a_real_session_options(caplog: pytest.LogCaptureFixture) -> None:
     ort = pytest.importorskip("onnxruntime")
     config = _config(
-        _params(intra_op_thread_count="1", inter_op_thread_count="2", execution_mode="1",
-                enable_mem_pattern="0")
+        _params(
+            intra_op_thread_count="1",
+            inter_op_thread_count="2",
+            execution_mode="1",
+            enable_mem_pattern="0",
+        )
         + "optimization { graph { level: 1 } "
         'execution_accelerators { cpu_execution_accelerator: [ { name: "openvino" } ] } }'
     )

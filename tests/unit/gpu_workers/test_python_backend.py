@@ -1,4 +1,4 @@
-"""gpu_workers.backends.python: Triton model.py files run unchanged (PROTOCOL.md 8)."""
+"""sluice.gpu_workers.backends.python: Triton model.py files run unchanged (PROTOCOL.md 8)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,15 @@ import numpy as np
 import pytest
 from tritonclient.grpc.model_config_pb2 import DataType
 
-import triton_python_backend_utils as pb_utils
-from gpu_workers.backends import registry
-from gpu_workers.backends.base import InferError, InferRequest, InferResponse, InstanceContext
-from gpu_workers.backends.python import PythonBackend
-from repository import ConfigError, ModelSource, load_model_config
+from sluice.gpu_workers.backends import pb_utils, registry
+from sluice.gpu_workers.backends.base import (
+    InferError,
+    InferRequest,
+    InferResponse,
+    InstanceContext,
+)
+from sluice.gpu_workers.backends.python import PythonBackend
+from sluice.repository import ConfigError, ModelSource, load_model_config
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets" / "python_models"
 
@@ -60,8 +64,9 @@ def _bytes(*items: bytes, shape: tuple[int, ...] | None = None) -> np.ndarray:
     return array.reshape(shape or (len(items),))
 
 
-def _request(rid: str = "r", outputs: tuple[str, ...] = (), params: dict | None = None,
-             **inputs: np.ndarray) -> InferRequest:
+def _request(
+    rid: str = "r", outputs: tuple[str, ...] = (), params: dict | None = None, **inputs: np.ndarray
+) -> InferRequest:
     return InferRequest(rid, f"client-{rid}", dict(inputs), outputs, params or {})
 
 
@@ -134,11 +139,13 @@ def test_requested_outputs_filter(load) -> None:
 
 def test_error_response_fails_only_its_request(load) -> None:
     backend = load("raiser")
-    results = backend.execute([
-        _request("a", X=np.array([[1]], np.int32)),
-        _request("b", X=np.array([[-1]], np.int32)),
-        _request("c", X=np.array([[2], [3]], np.int32)),
-    ])
+    results = backend.execute(
+        [
+            _request("a", X=np.array([[1]], np.int32)),
+            _request("b", X=np.array([[-1]], np.int32)),
+            _request("c", X=np.array([[2], [3]], np.int32)),
+        ]
+    )
     assert _ok(results[0])["Y"].tolist() == [[1]]
     assert results[1] == InferError("INVALID_ARG", "negative input")
     assert _ok(results[2])["Y"].tolist() == [[2], [3]]
@@ -146,10 +153,12 @@ def test_error_response_fails_only_its_request(load) -> None:
 
 def test_exception_fails_every_request_of_the_call(load) -> None:
     backend = load("raiser")
-    results = backend.execute([
-        _request("a", X=np.array([[1]], np.int32)),
-        _request("b", X=np.array([[13]], np.int32)),
-    ])
+    results = backend.execute(
+        [
+            _request("a", X=np.array([[1]], np.int32)),
+            _request("b", X=np.array([[13]], np.int32)),
+        ]
+    )
     assert len(results) == 2
     for result in results:
         assert isinstance(result, InferError)
@@ -186,7 +195,8 @@ def test_autocomplete_model_executes(load) -> None:
 
 def test_auto_complete_conflicting_input_is_a_load_error(tmp_path: Path) -> None:
     _write_model(
-        tmp_path, "clash",
+        tmp_path,
+        "clash",
         """
         backend: "python"
         input [ { name: "INPUT0", data_type: TYPE_INT32, dims: [ 2 ] } ]
@@ -211,8 +221,7 @@ def test_auto_complete_conflicting_input_is_a_load_error(tmp_path: Path) -> None
 
 def test_slow_echoes_request_id_and_custom_parameters(load) -> None:
     backend = load("slow")
-    params = {"sleep_ms": 1, "tag": "x", "sequence_id": 7, "sequence_start": True,
-              "priority": 1}
+    params = {"sleep_ms": 1, "tag": "x", "sequence_id": 7, "sequence_start": True, "priority": 1}
     out = _ok(backend.execute([_request("q", params=params, IN=np.ones((2, 1), np.float32))])[0])
     np.testing.assert_array_equal(out["OUT"], np.ones((2, 1), np.float32))
     assert out["REQUEST_ID"].tolist() == [[b"client-q"], [b"client-q"]]
@@ -270,7 +279,9 @@ def test_an_initialize_that_raises_fails_the_load_naming_the_exception_type(
     tmp_path: Path, load
 ) -> None:
     _write_model(
-        tmp_path, "initfails", _STRING_IO.format(name="initfails", extra=""),
+        tmp_path,
+        "initfails",
+        _STRING_IO.format(name="initfails", extra=""),
         """
         class TritonPythonModel:
             def initialize(self, args):
@@ -288,7 +299,9 @@ def test_an_initialize_that_raises_fails_the_load_naming_the_exception_type(
 
 def test_initialize_args(tmp_path: Path, load) -> None:
     _write_model(
-        tmp_path, "argsmodel", _STRING_IO.format(name="argsmodel", extra=""),
+        tmp_path,
+        "argsmodel",
+        _STRING_IO.format(name="argsmodel", extra=""),
         """
         import triton_python_backend_utils as pb_utils
         SEEN = {}
@@ -304,8 +317,13 @@ def test_initialize_args(tmp_path: Path, load) -> None:
     backend = load("argsmodel", tmp_path)
     args = sys.modules[backend._model.__class__.__module__].SEEN
     assert set(args) == {
-        "model_config", "model_instance_kind", "model_instance_name",
-        "model_instance_device_id", "model_repository", "model_version", "model_name",
+        "model_config",
+        "model_instance_kind",
+        "model_instance_name",
+        "model_instance_device_id",
+        "model_repository",
+        "model_version",
+        "model_name",
     }
     assert all(isinstance(v, str) for v in args.values())
     assert args["model_instance_kind"] == "CPU"
@@ -323,7 +341,9 @@ def test_initialize_args(tmp_path: Path, load) -> None:
 
 def test_length_mismatch_fails_every_request(tmp_path: Path, load) -> None:
     _write_model(
-        tmp_path, "short", _STRING_IO.format(name="short", extra=""),
+        tmp_path,
+        "short",
+        _STRING_IO.format(name="short", extra=""),
         """
         import triton_python_backend_utils as pb_utils
 
@@ -345,7 +365,9 @@ def test_length_mismatch_fails_every_request(tmp_path: Path, load) -> None:
 
 def test_str_and_numpy_string_outputs_become_bytes(tmp_path: Path, load) -> None:
     _write_model(
-        tmp_path, "strings", _STRING_IO.format(name="strings", extra=""),
+        tmp_path,
+        "strings",
+        _STRING_IO.format(name="strings", extra=""),
         """
         import numpy as np
         import triton_python_backend_utils as pb_utils
@@ -363,15 +385,15 @@ def test_str_and_numpy_string_outputs_become_bytes(tmp_path: Path, load) -> None
     results = backend.execute([_request(str(i), IN=x) for i in range(3)])
     got = [_ok(r)["OUT"] for r in results]
     assert [g.dtype for g in got] == [np.dtype(object)] * 3
-    assert [g.tolist() for g in got] == [
-        [["héllo".encode()]], [[b"raw"]], [["ünï".encode()]]
-    ]
+    assert [g.tolist() for g in got] == [[["héllo".encode()]], [[b"raw"]], [["ünï".encode()]]]
 
 
 def test_execution_env_path_is_refused(tmp_path: Path) -> None:
     extra = 'parameters { key: "EXECUTION_ENV_PATH", value: { string_value: "env.tar.gz" } }'
     _write_model(
-        tmp_path, "envmodel", _STRING_IO.format(name="envmodel", extra=extra),
+        tmp_path,
+        "envmodel",
+        _STRING_IO.format(name="envmodel", extra=extra),
         """
         class TritonPythonModel:
             def execute(self, requests):
@@ -382,15 +404,25 @@ def test_execution_env_path_is_refused(tmp_path: Path) -> None:
         _context("envmodel", tmp_path)
     # Without auto-complete the load itself refuses it.
     loaded = load_model_config(ModelSource("envmodel", tmp_path / "envmodel", tmp_path))
-    ctx = InstanceContext("envmodel", 1, loaded.config, "envmodel_0_0", "CPU", 0,
-                          tmp_path / "envmodel", tmp_path / "envmodel" / "1")
+    ctx = InstanceContext(
+        "envmodel",
+        1,
+        loaded.config,
+        "envmodel_0_0",
+        "CPU",
+        0,
+        tmp_path / "envmodel",
+        tmp_path / "envmodel" / "1",
+    )
     with pytest.raises(RuntimeError, match="EXECUTION_ENV_PATH is not supported by Sluice yet"):
         PythonBackend().initialize(ctx)
 
 
 def test_finalize_is_called(tmp_path: Path) -> None:
     _write_model(
-        tmp_path, "fin", _STRING_IO.format(name="fin", extra=""),
+        tmp_path,
+        "fin",
+        _STRING_IO.format(name="fin", extra=""),
         """
         import sys
         class TritonPythonModel:
@@ -424,16 +456,20 @@ def test_pb_utils_types_and_helpers() -> None:
     np.testing.assert_array_equal(back.as_numpy(), tensor.as_numpy())
     error = pb_utils.TritonError("boom")
     assert error.code() == pb_utils.TritonError.INTERNAL and error.message() == "boom"
-    request = pb_utils.InferenceRequest(model_name="m", inputs=[tensor],
-                                        requested_output_names=["O"])
+    request = pb_utils.InferenceRequest(
+        model_name="m", inputs=[tensor], requested_output_names=["O"]
+    )
     assert pb_utils.get_input_tensor_by_name(request, "T") is tensor
     assert request.is_cancelled() is False
     with pytest.raises(pb_utils.TritonModelException, match="BLS is not available"):
         request.exec()
     with pytest.raises(pb_utils.TritonModelException, match="decoupled"):
         request.get_response_sender()
-    config = {"input": [{"name": "I"}], "output": [{"name": "O"}],
-              "model_transaction_policy": {"decoupled": True}}
+    config = {
+        "input": [{"name": "I"}],
+        "output": [{"name": "O"}],
+        "model_transaction_policy": {"decoupled": True},
+    }
     assert pb_utils.get_input_config_by_name(config, "I") == {"name": "I"}
     assert pb_utils.get_output_config_by_name(config, "X") is None
     assert pb_utils.using_decoupled_model_transaction_policy(config) is True
@@ -447,15 +483,17 @@ def test_bls_hook_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
         return pb_utils.InferenceResponse([pb_utils.Tensor("O", np.ones(1, np.float32))])
 
     monkeypatch.setattr(pb_utils, "_bls_executor", executor)
-    response = pb_utils.InferenceRequest(model_name="other", inputs=[],
-                                         requested_output_names=["O"]).exec()
+    response = pb_utils.InferenceRequest(
+        model_name="other", inputs=[], requested_output_names=["O"]
+    ).exec()
     assert seen == ["other"]
     assert pb_utils.get_output_tensor_by_name(response, "O").as_numpy().tolist() == [1.0]
 
 
 def test_model_config_wrapper_rules() -> None:
-    wrapper = pb_utils.ModelConfig(json.dumps({"name": "m", "max_batch_size": 8,
-                                               "input": [], "output": []}))
+    wrapper = pb_utils.ModelConfig(
+        json.dumps({"name": "m", "max_batch_size": 8, "input": [], "output": []})
+    )
     with pytest.raises(ValueError, match="configuration specified max_batch_size 8"):
         wrapper.set_max_batch_size(4)
     wrapper.add_input({"name": "A", "data_type": "TYPE_FP32", "dims": [2], "optional": True})
@@ -474,7 +512,9 @@ def test_model_config_wrapper_rules() -> None:
 
 def test_async_execute_sequence_fields_and_requested_outputs(tmp_path: Path, load) -> None:
     _write_model(
-        tmp_path, "seq", _STRING_IO.format(name="seq", extra=""),
+        tmp_path,
+        "seq",
+        _STRING_IO.format(name="seq", extra=""),
         """
         import json
         import numpy as np
@@ -493,11 +533,13 @@ def test_async_execute_sequence_fields_and_requested_outputs(tmp_path: Path, loa
     )
     backend = load("seq", tmp_path)
     x = np.zeros((1, 1), np.float32)
-    results = backend.execute([
-        _request("a", params={"sequence_id": 42, "sequence_start": True}, IN=x),
-        _request("b", params={"sequence_id": "s-1", "sequence_end": True}, IN=x),
-        _request("c", IN=x),
-    ])
+    results = backend.execute(
+        [
+            _request("a", params={"sequence_id": 42, "sequence_start": True}, IN=x),
+            _request("b", params={"sequence_id": "s-1", "sequence_end": True}, IN=x),
+            _request("c", IN=x),
+        ]
+    )
     seen = [json.loads(_ok(r)["OUT"][0, 0]) for r in results]
     assert seen == [
         [42, pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, ["OUT"]],

@@ -9,9 +9,9 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from gpu_workers.backends import registry
-from gpu_workers.backends.base import BackendInputError, InstanceContext
-from gpu_workers.backends.tensorrt import check_profile, plan_file
+from sluice.gpu_workers.backends import registry
+from sluice.gpu_workers.backends.base import BackendInputError, InstanceContext
+from sluice.gpu_workers.backends.tensorrt import check_profile, plan_file
 
 CONFIG = """
 name: "trt"
@@ -53,7 +53,7 @@ def test_check_profile() -> None:
 
 
 def test_registered_as_tensorrt() -> None:
-    assert registry.BACKENDS["tensorrt"] == "gpu_workers.backends.tensorrt:TensorRTBackend"
+    assert registry.BACKENDS["tensorrt"] == "sluice.gpu_workers.backends.tensorrt:TensorRTBackend"
 
 
 @pytest.mark.skipif(

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from gpu_workers.thread_priority import native_threads, set_idle, started_threads
+from sluice.gpu_workers.thread_priority import native_threads, set_idle, started_threads
 
 ort = pytest.importorskip("onnxruntime")
 

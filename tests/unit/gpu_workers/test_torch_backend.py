@@ -1,4 +1,4 @@
-"""gpu_workers.backends.torch: Triton's PyTorch naming rules and a TorchScript model run."""
+"""sluice.gpu_workers.backends.torch: Triton's PyTorch naming rules and a TorchScript model run."""
 
 from __future__ import annotations
 
@@ -10,9 +10,14 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from gpu_workers.backends import registry
-from gpu_workers.backends.base import InferError, InferRequest, InferResponse, InstanceContext
-from gpu_workers.backends.torch import InputBinding, bind_inputs, bind_outputs, pick_outputs
+from sluice.gpu_workers.backends import registry
+from sluice.gpu_workers.backends.base import (
+    InferError,
+    InferRequest,
+    InferResponse,
+    InstanceContext,
+)
+from sluice.gpu_workers.backends.torch import InputBinding, bind_inputs, bind_outputs, pick_outputs
 
 
 @pytest.mark.parametrize(
@@ -20,15 +25,23 @@ from gpu_workers.backends.torch import InputBinding, bind_inputs, bind_outputs, 
     [
         (["a", "b"], ["a", "b"], InputBinding("FORWARD_ARGUMENT", ("a", "b"))),
         (["b", "a"], ["a", "b"], InputBinding("FORWARD_ARGUMENT", ("a", "b"))),
-        (["INPUT__1", "INPUT__0"], ["x", "y"],
-         InputBinding("NAMED_INDEX", ("INPUT__0", "INPUT__1"))),
+        (
+            ["INPUT__1", "INPUT__0"],
+            ["x", "y"],
+            InputBinding("NAMED_INDEX", ("INPUT__0", "INPUT__1")),
+        ),
         (["x__0", "other__1"], ["p", "q"], InputBinding("NAMED_INDEX", ("x__0", "other__1"))),
-        (["INPUT__0", "INPUT__2"], ["x", "y"],  # indices not 0..n-1: config order
-         InputBinding("STRICT_CONFIG_ORDERING", ("INPUT__0", "INPUT__2"))),
-        (["first", "second"], ["x", "y"],
-         InputBinding("STRICT_CONFIG_ORDERING", ("first", "second"))),
-        (["a", "INPUT__1"], ["a", "b"],
-         InputBinding("STRICT_CONFIG_ORDERING", ("a", "INPUT__1"))),
+        (
+            ["INPUT__0", "INPUT__2"],
+            ["x", "y"],  # indices not 0..n-1: config order
+            InputBinding("STRICT_CONFIG_ORDERING", ("INPUT__0", "INPUT__2")),
+        ),
+        (
+            ["first", "second"],
+            ["x", "y"],
+            InputBinding("STRICT_CONFIG_ORDERING", ("first", "second")),
+        ),
+        (["a", "INPUT__1"], ["a", "b"], InputBinding("STRICT_CONFIG_ORDERING", ("a", "INPUT__1"))),
     ],
 )
 def test_bind_inputs(config: list[str], forward: list[str], expected: InputBinding) -> None:
@@ -66,7 +79,7 @@ def test_pick_outputs() -> None:
 
 
 def test_registered_as_pytorch() -> None:
-    assert registry.BACKENDS["pytorch"] == "gpu_workers.backends.torch:TorchBackend"
+    assert registry.BACKENDS["pytorch"] == "sluice.gpu_workers.backends.torch:TorchBackend"
 
 
 # --- with torch ---------------------------------------------------------------------------
@@ -178,8 +191,8 @@ output [ { name: "TOTAL" data_type: TYPE_INT32 dims: [ 2 ] },
 def test_missing_output_is_an_internal_error(torch: Any, tmp_path: Path) -> None:
     _export(torch, tmp_path / "1/model.pt")
     text = CONFIG.format(a="lhs", b="rhs").replace(
-        'output [ { name: "OUTPUT__0"', 'output [ { name: "OUTPUT__2" data_type: TYPE_FP32 '
-        'dims: [ 3 ] },\n { name: "OUTPUT__0"'
+        'output [ { name: "OUTPUT__0"',
+        'output [ { name: "OUTPUT__2" data_type: TYPE_FP32 dims: [ 3 ] },\n { name: "OUTPUT__0"',
     )
     backend = registry.backend_class("pytorch", "t")()
     backend.initialize(_ctx(tmp_path, text))

@@ -1,4 +1,4 @@
-"""gpu_workers.warmup: model_warmup samples become execute calls (PROTOCOL.md 5.10)."""
+"""sluice.gpu_workers.warmup: model_warmup samples become execute calls (PROTOCOL.md 5.10)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,13 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from gpu_workers.backends.base import InferError, InferRequest, InferResponse, InstanceContext
-from gpu_workers.warmup import WarmupError, build_requests, run_warmup
+from sluice.gpu_workers.backends.base import (
+    InferError,
+    InferRequest,
+    InferResponse,
+    InstanceContext,
+)
+from sluice.gpu_workers.warmup import WarmupError, build_requests, run_warmup
 
 BASE = """
 name: "m"
@@ -108,12 +113,15 @@ output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
 """
     inputs = " ".join(
         f'inputs {{ key: "{n}" value: {{ data_type: {t} dims: [ {d} ] random_data: true }} }}'
-        for n, t, d in (("F", "TYPE_FP64", 64), ("I", "TYPE_UINT8", 64),
-                        ("B", "TYPE_BOOL", 64), ("S", "TYPE_STRING", 3))
+        for n, t, d in (
+            ("F", "TYPE_FP64", 64),
+            ("I", "TYPE_UINT8", 64),
+            ("B", "TYPE_BOOL", 64),
+            ("S", "TYPE_STRING", 3),
+        )
     )
     config = _config(_sample(f'name: "r" batch_size: 1 {inputs}'), base)
-    (request,) = build_requests(config, config.model_warmup[0], tmp_path,
-                                np.random.default_rng(1))
+    (request,) = build_requests(config, config.model_warmup[0], tmp_path, np.random.default_rng(1))
     assert request.inputs["F"].shape == (64,)  # no batch dimension: max_batch_size 0
     assert ((request.inputs["F"] >= 0) & (request.inputs["F"] < 1)).all()
     assert request.inputs["F"].std() > 0
@@ -127,11 +135,15 @@ def test_input_data_file(tmp_path: Path) -> None:
     (tmp_path / "warmup/a.bin").write_bytes(struct.pack("<3f", 1.5, -2.0, 9.0))  # one extra
     strings = b"".join(struct.pack("<I", len(s)) + s for s in (b"hi", b"\xff\x00"))
     (tmp_path / "warmup/s.bin").write_bytes(strings)
-    config = _config(_sample(
-        'name: "f" batch_size: 2 '
-        'inputs { key: "A" value: { data_type: TYPE_FP32 dims: [ 2 ] input_data_file: "a.bin" } } '
-        'inputs { key: "S" value: { data_type: TYPE_STRING dims: [ 2 ] input_data_file: "s.bin" } }'
-    ))
+    config = _config(
+        _sample(
+            'name: "f" batch_size: 2 '
+            'inputs { key: "A" value: { data_type: TYPE_FP32 dims: [ 2 ] '
+            'input_data_file: "a.bin" } } '
+            'inputs { key: "S" value: { data_type: TYPE_STRING dims: [ 2 ] '
+            'input_data_file: "s.bin" } }'
+        )
+    )
     requests = build_requests(config, config.model_warmup[0], tmp_path, np.random.default_rng())
     assert len(requests) == 2
     for request in requests:
@@ -143,9 +155,12 @@ def test_input_data_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("files", "spec", "message"),
     [
-        ({"a.bin": b"\0" * 7}, 'input_data_file: "a.bin"',
-         "failed to run warmup sample 'bad' of model 'm': input 'A': warmup setting expects 8 "
-         "bytes, but the data provided from 'a.bin' only has 7 bytes"),
+        (
+            {"a.bin": b"\0" * 7},
+            'input_data_file: "a.bin"',
+            "failed to run warmup sample 'bad' of model 'm': input 'A': warmup setting expects 8 "
+            "bytes, but the data provided from 'a.bin' only has 7 bytes",
+        ),
         ({}, 'input_data_file: "nope.bin"', "input 'A': warmup data file '"),
         ({}, "", "input 'A' sets none of zero_data, random_data, input_data_file"),
     ],
@@ -156,10 +171,12 @@ def test_bad_input_fails_with_sample_name(
     (tmp_path / "warmup").mkdir()
     for name, data in files.items():
         (tmp_path / "warmup" / name).write_bytes(data)
-    config = _config(_sample(
-        f'name: "bad" batch_size: 1 inputs {{ key: "A" value: '
-        f"{{ data_type: TYPE_FP32 dims: [ 2 ] {spec} }} }}"
-    ))
+    config = _config(
+        _sample(
+            f'name: "bad" batch_size: 1 inputs {{ key: "A" value: '
+            f"{{ data_type: TYPE_FP32 dims: [ 2 ] {spec} }} }}"
+        )
+    )
     with pytest.raises(WarmupError) as info:
         run_warmup(Recorder(), _ctx(config, tmp_path))
     assert message in str(info.value)
@@ -167,10 +184,12 @@ def test_bad_input_fails_with_sample_name(
 
 
 def test_variable_dims_and_oversized_batch_are_refused(tmp_path: Path) -> None:
-    config = _config(_sample(
-        'name: "v" batch_size: 1 inputs { key: "A" value: '
-        "{ data_type: TYPE_FP32 dims: [ -1 ] zero_data: true } }"
-    ))
+    config = _config(
+        _sample(
+            'name: "v" batch_size: 1 inputs { key: "A" value: '
+            "{ data_type: TYPE_FP32 dims: [ -1 ] zero_data: true } }"
+        )
+    )
     with pytest.raises(WarmupError, match="variable-size dims"):
         run_warmup(Recorder(), _ctx(config, tmp_path))
     config = _config(_sample(f'name: "big" batch_size: 9 {ZERO}'))

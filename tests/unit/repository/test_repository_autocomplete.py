@@ -1,11 +1,11 @@
-"""repository.autocomplete: the ONNX Runtime backend's rules (PROTOCOL.md 5.12)."""
+"""sluice.repository.autocomplete: the ONNX Runtime backend's rules (PROTOCOL.md 5.12)."""
 
 from __future__ import annotations
 
 import pytest
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
 
-from repository import (
+from sluice.repository import (
     ONNX_TO_CONFIG,
     ORT_TYPE_TO_CONFIG,
     ConfigError,

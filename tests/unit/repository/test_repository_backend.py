@@ -1,4 +1,4 @@
-"""repository.backend: platform/backend/default file derivation (PROTOCOL.md 5.2)."""
+"""sluice.repository.backend: platform/backend/default file derivation (PROTOCOL.md 5.2)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from repository import ConfigError, resolve_backend
+from sluice.repository import ConfigError, resolve_backend
 
 
 def _model(tmp_path: Path, name: str, entries: dict[str, str]) -> Path:

@@ -1,4 +1,4 @@
-"""repository.config: text-format parsing and config file choice (PROTOCOL.md 5.1)."""
+"""sluice.repository.config: text-format parsing and config file choice (PROTOCOL.md 5.1)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig, ModelInstanceGroup
 
-from repository import ConfigError, find_config_file, parse_config_text, read_model_config
+from sluice.repository import ConfigError, find_config_file, parse_config_text, read_model_config
 
 SEQUENCE_CONFIG = """
 name: "seq"

@@ -1,4 +1,4 @@
-"""repository.errors: codes and message shape (STYLE.md §5)."""
+"""sluice.repository.errors: codes and message shape (STYLE.md §5)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from repository import ConfigError, ModelNotFoundError, RepositoryError
+from sluice.repository import ConfigError, ModelNotFoundError, RepositoryError
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""repository.loader: the whole path from directory to completed config."""
+"""sluice.repository.loader: the whole path from directory to completed config."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from repository import (
+from sluice.repository import (
     ConfigError,
     ModelSource,
     TensorSignature,
@@ -16,7 +16,7 @@ from repository import (
     load_model_config,
     scan_repositories,
 )
-from repository.loader import LoadedConfig
+from sluice.repository.loader import LoadedConfig
 
 SIMPLE = """
 name: "simple"

@@ -1,4 +1,4 @@
-"""repository.normalize: Triton's serving defaults (PROTOCOL.md 5.6, 5.11)."""
+"""sluice.repository.normalize: Triton's serving defaults (PROTOCOL.md 5.6, 5.11)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import pytest
 from tritonclient.grpc.model_config_pb2 import ModelInstanceGroup
 
-from repository import normalize, parse_config_text
+from sluice.repository import normalize, parse_config_text
 
 CPU = ModelInstanceGroup.KIND_CPU
 GPU = ModelInstanceGroup.KIND_GPU

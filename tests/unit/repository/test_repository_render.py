@@ -1,4 +1,4 @@
-"""repository.render: Triton's config JSON (PROTOCOL.md 1.6)."""
+"""sluice.repository.render: Triton's config JSON (PROTOCOL.md 1.6)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from repository import (
+from sluice.repository import (
     ConfigError,
     config_from_json,
     config_to_json,

@@ -1,4 +1,4 @@
-"""repository.scan: models, duplicates and version folders (PROTOCOL.md 5.1)."""
+"""sluice.repository.scan: models, duplicates and version folders (PROTOCOL.md 5.1)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from repository import ModelSource, RepositoryError, scan_repositories, version_directories
+from sluice.repository import ModelSource, RepositoryError, scan_repositories, version_directories
 
 
 def _make_dirs(root: Path, names: list[str]) -> None:
@@ -39,7 +39,7 @@ def test_version_directories(
     _make_dirs(tmp_path, subdirs)
     for name in files:
         (tmp_path / name).write_text("")
-    with caplog.at_level(logging.WARNING, logger="repository.scan"):
+    with caplog.at_level(logging.WARNING, logger="sluice.repository.scan"):
         assert version_directories(tmp_path) == expected
     warned_names = sorted(r.args[0] for r in caplog.records if isinstance(r.args, tuple))
     assert warned_names == warned

@@ -1,4 +1,4 @@
-"""repository.validate: Triton's load-time rules with their messages."""
+"""sluice.repository.validate: Triton's load-time rules with their messages."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from repository import ConfigError, parse_config_text, validate
+from sluice.repository import ConfigError, parse_config_text, validate
 
 MODEL_DIR = Path("/repo/m")
 IO = (

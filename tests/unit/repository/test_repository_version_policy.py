@@ -1,11 +1,11 @@
-"""repository.version_policy: latest / all / specific (PROTOCOL.md 5.5)."""
+"""sluice.repository.version_policy: latest / all / specific (PROTOCOL.md 5.5)."""
 
 from __future__ import annotations
 
 import pytest
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from repository import ConfigError, parse_config_text, select_versions
+from sluice.repository import ConfigError, parse_config_text, select_versions
 
 
 @pytest.mark.parametrize(

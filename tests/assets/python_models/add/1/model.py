@@ -3,7 +3,6 @@
 import json
 
 import numpy as np
-
 import triton_python_backend_utils as pb_utils
 
 

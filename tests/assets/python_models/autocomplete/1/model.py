@@ -7,10 +7,12 @@ class TritonPythonModel:
     @staticmethod
     def auto_complete_config(auto_complete_model_config):
         auto_complete_model_config.set_max_batch_size(4)
-        auto_complete_model_config.add_input({"name": "INPUT0", "data_type": "TYPE_FP32",
-                                              "dims": [2]})
-        auto_complete_model_config.add_output({"name": "OUTPUT0", "data_type": "TYPE_FP32",
-                                               "dims": [2]})
+        auto_complete_model_config.add_input(
+            {"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [2]}
+        )
+        auto_complete_model_config.add_output(
+            {"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [2]}
+        )
         auto_complete_model_config.set_dynamic_batching()
         return auto_complete_model_config
 

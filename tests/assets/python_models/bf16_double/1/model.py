@@ -5,7 +5,6 @@ AS_NUMPY_ERROR returns the text as_numpy() raised (empty if it did not raise).
 torch is imported in execute(), so the model still loads where torch is missing."""
 
 import numpy as np
-
 import triton_python_backend_utils as pb_utils
 
 
@@ -22,9 +21,7 @@ class TritonPythonModel:
             except pb_utils.TritonModelException as exc:
                 error = str(exc).encode()
             data = torch.utils.dlpack.from_dlpack(tensor.to_dlpack())
-            doubled = pb_utils.Tensor.from_dlpack(
-                "OUTPUT0", torch.utils.dlpack.to_dlpack(data * 2)
-            )
+            doubled = pb_utils.Tensor.from_dlpack("OUTPUT0", torch.utils.dlpack.to_dlpack(data * 2))
             batch = data.shape[0]
             errors = pb_utils.Tensor("AS_NUMPY_ERROR", np.array([[error]] * batch, dtype=object))
             responses.append(pb_utils.InferenceResponse(output_tensors=[doubled, errors]))

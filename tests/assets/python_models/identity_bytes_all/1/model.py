@@ -11,7 +11,7 @@ class TritonPythonModel:
         self.pairs = []
         for input_config in config["input"]:
             name = input_config["name"]
-            output_name = "OUT_" + name[len("IN_"):]
+            output_name = "OUT_" + name[len("IN_") :]
             output_config = pb_utils.get_output_config_by_name(config, output_name)
             self.pairs.append((name, output_name, output_config["data_type"]))
 

@@ -19,7 +19,5 @@ class TritonPythonModel:
                 responses.append(pb_utils.InferenceResponse(output_tensors=[]))
                 continue
             name = "WRONG" if (x == 4077).any() else "Y"
-            responses.append(
-                pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, x)])
-            )
+            responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, x)]))
         return responses

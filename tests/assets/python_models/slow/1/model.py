@@ -4,7 +4,6 @@ import json
 import time
 
 import numpy as np
-
 import triton_python_backend_utils as pb_utils
 
 
@@ -19,8 +18,7 @@ class TritonPythonModel:
         for request in requests:
             data = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
             batch = data.shape[0]
-            request_id = np.full((batch, 1), request.request_id().encode("utf-8"),
-                                 dtype=np.object_)
+            request_id = np.full((batch, 1), request.request_id().encode("utf-8"), dtype=np.object_)
             params = np.full((batch, 1), request.parameters().encode("utf-8"), dtype=np.object_)
             responses.append(
                 pb_utils.InferenceResponse(

@@ -1,7 +1,6 @@
 """Upper-cases every BYTES element (written only against Triton's pb_utils API)."""
 
 import numpy as np
-
 import triton_python_backend_utils as pb_utils
 
 

@@ -6,7 +6,6 @@ one earlier execute call got. Written only against Triton's pb_utils API.
 """
 
 import numpy as np
-
 import triton_python_backend_utils as pb_utils
 
 NAMES = ("EXECUTIONS", "REQUESTS", "IN_SUM", "LARGEST_CALL")

@@ -24,22 +24,22 @@ from pathlib import Path
 
 import redis
 
-from broker.codec import CodecError
-from broker.control import (
+from sluice.broker.codec import CodecError
+from sluice.broker.control import (
     answer,
     decode_command,
     ensure_control_group,
     read_commands,
 )
-from broker.errors import ErrorCode, SluiceError, stream_gone
-from broker.keys import KeySchema
-from broker.messages import ErrorInfo
-from broker.model_store import ModelStore
-from broker.outage import OutageLog
-from broker.redis_server import restart_private_redis
-from gpu_workers.deployment_lease import DeploymentLease
-from gpu_workers.model_manager import LoadError, ManagerOptions, ModelManager
-from gpu_workers.processes import EXIT_GRACE_S, Spawner, exit_deadline, terminate
+from sluice.broker.errors import ErrorCode, SluiceError, stream_gone
+from sluice.broker.keys import KeySchema
+from sluice.broker.messages import ErrorInfo
+from sluice.broker.model_store import ModelStore
+from sluice.broker.outage import OutageLog
+from sluice.broker.redis_server import restart_private_redis
+from sluice.gpu_workers.processes import EXIT_GRACE_S, Spawner, exit_deadline, terminate
+from sluice.supervisor.deployment_lease import DeploymentLease
+from sluice.supervisor.model_manager import LoadError, ManagerOptions, ModelManager
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ class Supervisor:
         with this prefix left (not its queues).
 
         Raises:
-            gpu_workers.deployment_lease.DeploymentTaken: another ``sluice serve`` runs
+            sluice.supervisor.deployment_lease.DeploymentTaken: another ``sluice serve`` runs
                 on this prefix (nothing was changed).
             redis.exceptions.RedisError: Redis unreachable.
         """
@@ -182,7 +182,9 @@ class Supervisor:
         ]
 
     def _start_gateway(self, index: int) -> None:
-        self.gateways[index] = self.spawner.spawn(["-m", "api.gateway", *self.gateway_argv()])
+        self.gateways[index] = self.spawner.spawn(
+            ["-m", "sluice.api.gateway", *self.gateway_argv()]
+        )
 
     def load_startup_models(self) -> list[str]:
         """Load what the model control mode loads at start (Triton 5.13).

@@ -165,7 +165,7 @@ def deserialize_bytes_tensor(encoded_tensor: bytes) -> np.ndarray:
     while offset < len(encoded_tensor):
         (length,) = struct.unpack_from("<I", encoded_tensor, offset)
         offset += 4
-        items.append(bytes(encoded_tensor[offset:offset + length]))
+        items.append(bytes(encoded_tensor[offset : offset + length]))
         offset += length
     out = np.empty(len(items), dtype=object)
     out[:] = items
@@ -445,8 +445,8 @@ class InferenceRequest:
         self._timeout = int(timeout)
         if parameters is None:
             parameters = {}
-        self._parameters = parameters if isinstance(parameters, str) else json.dumps(
-            dict(parameters)
+        self._parameters = (
+            parameters if isinstance(parameters, str) else json.dumps(dict(parameters))
         )
 
     def inputs(self) -> list[Tensor]:
@@ -559,8 +559,8 @@ class InferenceResponse:
         self._error = error
         if parameters is None:
             parameters = {}
-        self._parameters = parameters if isinstance(parameters, str) else json.dumps(
-            dict(parameters)
+        self._parameters = (
+            parameters if isinstance(parameters, str) else json.dumps(dict(parameters))
         )
 
     def output_tensors(self) -> list[Tensor]:

@@ -22,17 +22,17 @@ from typing import Any, NoReturn
 import pydantic
 import redis.exceptions
 
-from api.frontend_flags import add_frontend_arguments, forward_frontend_arguments
-from api.gateway_args import (
+from sluice.api.frontend_flags import add_frontend_arguments, forward_frontend_arguments
+from sluice.api.gateway_args import (
     add_gateway_arguments,
     check_access_specs,
     parse_bool,
     settings_from_args,
 )
-from gpu_workers.deployment_lease import DeploymentTaken
-from gpu_workers.processes import EXIT_GRACE_S, exit_deadline
-from gpu_workers.supervisor import GatewayStartError
-from repository.errors import RepositoryError
+from sluice.gpu_workers.processes import EXIT_GRACE_S, exit_deadline
+from sluice.repository.errors import RepositoryError
+from sluice.supervisor.deployment_lease import DeploymentTaken
+from sluice.supervisor.supervisor import GatewayStartError
 
 logger = logging.getLogger("sluice")
 
@@ -60,12 +60,24 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     p.add_argument("--key-prefix", default=os.environ.get("SLUICE_REDIS__KEY_PREFIX", "sluice:"))
     p.add_argument("--model-control-mode", default="none", choices=["none", "poll", "explicit"])
-    p.add_argument("--load-model", action="append", default=[],
-                   help="explicit mode: a model to load at start (repeatable; '*' = all)")
-    p.add_argument("--gateway-processes", type=_positive, default=1,
-                   help="gateway processes sharing the HTTP/gRPC ports (SO_REUSEPORT)")
-    p.add_argument("--repository-poll-secs", type=float, default=15.0,
-                   help="poll mode: seconds between repository scans")
+    p.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        help="explicit mode: a model to load at start (repeatable; '*' = all)",
+    )
+    p.add_argument(
+        "--gateway-processes",
+        type=_positive,
+        default=1,
+        help="gateway processes sharing the HTTP/gRPC ports (SO_REUSEPORT)",
+    )
+    p.add_argument(
+        "--repository-poll-secs",
+        type=float,
+        default=15.0,
+        help="poll mode: seconds between repository scans",
+    )
     p.add_argument("--exit-on-error", type=parse_bool, default=True)
     p.add_argument("--strict-readiness", type=parse_bool, default=True)
     p.add_argument("--disable-auto-complete-config", action="store_true")
@@ -89,7 +101,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def _resolve_redis(url: str | None) -> tuple[str, object | None]:
     """The Redis URL to use, starting a private redis-server when none was named or answers."""
-    from broker.redis_server import redis_answers, start_private_redis
+    from sluice.broker.redis_server import redis_answers, start_private_redis
 
     explicit = url or os.environ.get("SLUICE_REDIS_URL") or os.environ.get("SLUICE_REDIS__URL")
     if explicit:
@@ -105,9 +117,9 @@ def _resolve_redis(url: str | None) -> tuple[str, object | None]:
 
 def serve(args: argparse.Namespace) -> int:
     """``sluice serve``: run everything until Ctrl-C; returns the exit code."""
-    from broker.logs import LogOptions, configure_logging
-    from broker.redis_server import redacted
-    from gpu_workers.supervisor import ServeOptions, Supervisor
+    from sluice.broker.logs import LogOptions, configure_logging
+    from sluice.broker.redis_server import redacted
+    from sluice.supervisor.supervisor import ServeOptions, Supervisor
 
     log_options = LogOptions.from_env(
         verbose=args.log_verbose,
@@ -251,7 +263,7 @@ class _StopRequest:
 
 
 def _stop_private_redis(process: object | None) -> None:
-    from broker.redis_server import stop_private_redis
+    from sluice.broker.redis_server import stop_private_redis
 
     if process is not None:
         stop_private_redis(process)  # type: ignore[arg-type]
@@ -372,11 +384,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "gateway":
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        from api.gateway import run_gateway, settings_from_args
+        from sluice.api.gateway import run_gateway, settings_from_args
 
         run_gateway(settings_from_args(args))
         return 0
-    from gpu_workers.main import main as worker_main
+    from sluice.gpu_workers.main import main as worker_main
 
     return worker_main(rest)
 

@@ -1,6 +1,6 @@
-"""The ``sluice`` console script: :func:`api.cli.main`, quiet when Ctrl-C comes first.
+"""The ``sluice`` console script: :func:`sluice.cli.main`, quiet when Ctrl-C comes first.
 
-``api.cli`` imports most of the project (FastAPI, grpcio, redis-py, numpy: ~0.5 s)
+``sluice.cli`` imports most of the project (FastAPI, grpcio, redis-py, numpy: ~0.5 s)
 before any signal handler of its own is set. A ``KeyboardInterrupt`` raised in that
 time would end the command with a traceback, and not always as a
 ``KeyboardInterrupt`` (one raised inside a class body's ``__set_name__`` becomes a
@@ -25,7 +25,7 @@ def main() -> int:
     """
     interrupted: list[int] = []
     previous = signal.signal(signal.SIGINT, lambda signum, _frame: interrupted.append(signum))
-    from api.cli import main as cli_main
+    from sluice.cli import main as cli_main
 
     if interrupted:
         return INTERRUPTED

@@ -23,7 +23,7 @@ import time
 
 import redis
 
-from broker.outage import OutageLog
+from sluice.broker.outage import OutageLog
 
 logger = logging.getLogger(__name__)
 

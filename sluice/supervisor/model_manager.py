@@ -34,26 +34,26 @@ import redis
 from google.protobuf import json_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelInstanceGroup
 
-from broker.codec import CodecError, decode_request, encode_response
-from broker.consumer import ensure_group
-from broker.errors import ErrorCode, SluiceError
-from broker.keys import WORKER_GROUP, KeySchema
-from broker.messages import ErrorInfo, InferResponseMessage
-from broker.model_store import ModelState, ModelStore, VersionState
-from broker.producer import PAYLOAD_FIELD
-from broker.scheduling import StreamLayout, scheduling_policy
-from broker.stats_store import fold_stats_shards, reset_version_stats
-from gpu_workers.backends.registry import auto_complete, gpu_available
-from gpu_workers.device import gpu_ids
-from gpu_workers.liveness import RETIRED_HOLDING
-from gpu_workers.processes import (
+from sluice.broker.codec import CodecError, decode_request, encode_response
+from sluice.broker.consumer import ensure_group
+from sluice.broker.errors import ErrorCode, SluiceError
+from sluice.broker.keys import WORKER_GROUP, KeySchema
+from sluice.broker.messages import ErrorInfo, InferResponseMessage
+from sluice.broker.model_store import ModelStore, VersionState
+from sluice.broker.producer import PAYLOAD_FIELD
+from sluice.broker.scheduling import StreamLayout, scheduling_policy
+from sluice.broker.states import RETIRED_HOLDING, InstanceState, ModelState
+from sluice.broker.stats_store import fold_stats_shards, reset_version_stats
+from sluice.gpu_workers.backends.registry import auto_complete, gpu_available
+from sluice.gpu_workers.device import gpu_ids
+from sluice.gpu_workers.processes import (
     HAND_OVER_SIGNAL,
     Instance,
     Spawner,
     generation_suffix,
     terminate,
 )
-from repository import (
+from sluice.repository import (
     ModelSource,
     RepositoryError,
     ScanResult,
@@ -342,8 +342,9 @@ class ModelManager:
             self._record_failure(name, source, previous, reason, fingerprint)
             if temp is not None:
                 shutil.rmtree(temp, ignore_errors=True)
-            raise LoadError(ErrorCode.INVALID_ARG, f"load failed for model '{name}': {reason}",
-                            model=name)
+            raise LoadError(
+                ErrorCode.INVALID_ARG, f"load failed for model '{name}': {reason}", model=name
+            )
         generation = previous.generation + 1 if previous is not None else 1
         model = LoadedModel(
             name,
@@ -482,7 +483,10 @@ class ModelManager:
                     previous.name,
                 )
                 self._store.set_instance(
-                    previous.name, version, name, {"state": "STOPPED", "reason": RETIRED_HOLDING}
+                    previous.name,
+                    version,
+                    name,
+                    {"state": InstanceState.STOPPED, "reason": RETIRED_HOLDING},
                 )
             gone = [n for n in names if n not in holding]
             if gone:
@@ -502,7 +506,10 @@ class ModelManager:
             return False
         try:
             records = self._store.instances(instance.model, instance.version)
-            if _own_record(records.get(instance.name, {}), instance).get("state") != "READY":
+            if (
+                _own_record(records.get(instance.name, {}), instance).get("state")
+                != InstanceState.READY
+            ):
                 return False
             layout = StreamLayout(
                 self._keys, instance.model, instance.version, scheduling_policy(loaded.config)
@@ -542,19 +549,19 @@ class ModelManager:
             states = {i.name: _own_record(records.get(i.name, {}), i) for i in instances}
             for instance in instances:
                 info = states[instance.name]
-                if info.get("state") == "UNAVAILABLE":
+                if info.get("state") == InstanceState.UNAVAILABLE:
                     return info.get("reason") or "instance failed to load"
                 process = instance.process
                 if (
                     process is not None
                     and process.poll() is not None
-                    and info.get("state") != "READY"
+                    and info.get("state") != InstanceState.READY
                 ):
                     return (
                         f"instance '{instance.name}' exited with code "
                         f"{process.returncode} while loading"
                     )
-            if all(states[i.name].get("state") == "READY" for i in instances):
+            if all(states[i.name].get("state") == InstanceState.READY for i in instances):
                 return None
             time.sleep(0.05)
         if self.stopping:

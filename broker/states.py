@@ -1,0 +1,62 @@
+"""Lifecycle states of model versions and model instances, and their transitions.
+
+Both are kept in Redis (``sluice.broker.model_store``) and read by every gateway, so the
+names are the wire values too.
+
+Model version (:class:`ModelState`), Triton's ``ModelReadyState`` names as the repository
+index reports them (``docs/reference/protocol.md``, "Model repository")::
+
+    (none) ──load──▶ LOADING ──every instance READY──▶ READY ──unload──▶ UNLOADING ──▶ UNAVAILABLE
+                        │                              │  ▲
+                        └──load failed──▶ UNAVAILABLE  └──┘ reload (new load_id)
+
+A version is served only while READY; UNAVAILABLE carries the reason (the load error,
+or "unloaded"). UNKNOWN is what a reader reports for a version Redis has no state for.
+
+Model instance (:class:`InstanceState`), one record per instance process::
+
+    LOADING ──backend initialized, warm-up done──▶ READY ──SIGTERM, drained──▶ STOPPED
+       │                                             │
+       └──load failed──▶ UNAVAILABLE                 └──heartbeat stale──▶ (dead)
+
+An instance is live while READY with a fresh heartbeat. A peer claims the pending
+requests of an instance that is STOPPED, UNAVAILABLE or whose heartbeat is stale. A
+retired instance that still holds requests is written STOPPED with the reason
+:data:`RETIRED_HOLDING` until a peer has taken them.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = ["RETIRED_HOLDING", "InstanceState", "ModelState"]
+
+
+class ModelState(StrEnum):
+    """A model version's state: Triton's repository index ``state`` values."""
+
+    UNKNOWN = "UNKNOWN"
+    READY = "READY"
+    UNAVAILABLE = "UNAVAILABLE"
+    LOADING = "LOADING"
+    UNLOADING = "UNLOADING"
+
+
+class InstanceState(StrEnum):
+    """A model instance process's state, written by the instance itself."""
+
+    LOADING = "LOADING"
+    READY = "READY"
+    UNAVAILABLE = "UNAVAILABLE"
+    STOPPED = "STOPPED"
+
+    @property
+    def gone(self) -> bool:
+        """True when the instance will take no more requests (its pending ones may be claimed)."""
+        return self in (InstanceState.STOPPED, InstanceState.UNAVAILABLE)
+
+
+#: Reason of the STOPPED record the supervisor keeps for an instance of a replaced
+#: generation that still owns pending requests (a reload's old instance that was killed
+#: or stopped past its drain timeout): a peer claims them at once, then the record goes.
+RETIRED_HOLDING = "retired holding requests"

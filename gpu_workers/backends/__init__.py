@@ -1,0 +1,1 @@
+"""Backends: ONNX Runtime, PyTorch, TensorRT and Python models behind one protocol."""
