@@ -1,4 +1,4 @@
-"""Worker process entry: one model instance (``sluice worker`` / ``python -m sluice.gpu_workers.main``).
+"""Model instance process entry (``sluice worker`` or ``python -m sluice.gpu_workers.main``).
 
 Reads the effective config the supervisor published in Redis, loads the
 backend, reports the instance READY (or UNAVAILABLE with the reason, then
