@@ -25,7 +25,7 @@ from sluice.api.response_cache import ResponseCache
 from sluice.api.settings import GatewaySettings
 from sluice.broker.codec import CodecError, decode_request
 from sluice.broker.control import ControlCommand, encode_command
-from sluice.broker.errors import ErrorCode, SluiceError
+from sluice.broker.errors import ErrorCode, FailureReason, SluiceError
 from sluice.broker.keys import KeySchema
 from sluice.broker.messages import (
     InferRequestMessage,
@@ -363,7 +363,7 @@ class DataPlane:
 
     async def _count_rejection(self, model: str, version: int, request_ns: int) -> None:
         delta = StatsDelta()
-        delta.failure(request_ns=request_ns, reason="REJECTED")
+        delta.failure(request_ns=request_ns, reason=FailureReason.REJECTED)
         key = self._keys.stats(model, version)
         await self.connection.run_all(
             [("HINCRBY", key, name, n) for name, n in delta.counts.items()]

@@ -2,7 +2,8 @@
 
 Codes are Triton's ``TRITONSERVER_Error_Code`` (Triton ``tritonserver.h``); the
 HTTP status and gRPC code of each live in ``api/errors.py``. Domain code never
-names an HTTP status.
+names an HTTP status. The metric failure reason of each code is here, since model
+instances count failures too.
 """
 
 from __future__ import annotations
@@ -23,6 +24,34 @@ class ErrorCode(StrEnum):
     UNSUPPORTED = "UNSUPPORTED"
     ALREADY_EXISTS = "ALREADY_EXISTS"
     CANCELLED = "CANCELLED"
+
+
+class FailureReason(StrEnum):
+    """The ``reason`` label of ``nv_inference_request_failure`` (Triton
+    ``src/metric_model_reporter.cc``): why a request failed, as counted in statistics."""
+
+    REJECTED = "REJECTED"
+    CANCELED = "CANCELED"
+    BACKEND = "BACKEND"
+    OTHER = "OTHER"
+
+
+#: Error code of a failed request -> its failure reason label. Triton counts a queue
+#: refusal or timeout (UNAVAILABLE) as REJECTED, a cancelled request as CANCELED and an
+#: error the backend returned as BACKEND; everything else is OTHER.
+FAILURE_REASON: dict[ErrorCode, FailureReason] = {
+    ErrorCode.UNAVAILABLE: FailureReason.REJECTED,
+    ErrorCode.CANCELLED: FailureReason.CANCELED,
+    ErrorCode.INTERNAL: FailureReason.BACKEND,
+}
+
+
+def failure_reason(code: ErrorCode | str) -> FailureReason:
+    """The failure reason label of a request that failed with ``code``."""
+    try:
+        return FAILURE_REASON.get(ErrorCode(code), FailureReason.OTHER)
+    except ValueError:
+        return FailureReason.OTHER
 
 
 class SluiceError(Exception):

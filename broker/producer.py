@@ -15,7 +15,7 @@ from typing import Any
 import redis.exceptions
 
 from sluice.broker.codec import encode_request
-from sluice.broker.errors import ErrorCode, SluiceError
+from sluice.broker.errors import ErrorCode, FailureReason, SluiceError
 from sluice.broker.keys import WORKER_GROUP
 from sluice.broker.messages import InferRequestMessage
 from sluice.broker.multiplex import MultiplexedConnection
@@ -97,7 +97,7 @@ class Producer:
             redis.exceptions.RedisError: Redis unreachable or silent (``MultiplexedConnection``).
         """
         delta = StatsDelta()
-        delta.failure(request_ns=request_ns, reason="CANCELED")
+        delta.failure(request_ns=request_ns, reason=FailureReason.CANCELED)
         done = await self._connection.script(
             CANCEL_QUEUED, [stream, stats_key], [WORKER_GROUP, entry_id, delta.counter_text()]
         )

@@ -42,11 +42,12 @@ from typing import Any
 import redis
 import redis.asyncio
 
+from sluice.broker.errors import FailureReason
 from sluice.broker.keys import KeySchema
 from sluice.broker.latency_window import live_bucket_keys
 from sluice.broker.scripts import FOLD_STATS, READ_STATS
 
-FAIL_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+FAIL_REASONS = tuple(FailureReason)
 _DURATIONS = ("queue", "compute_input", "compute_infer", "compute_output")
 
 
@@ -117,14 +118,14 @@ class StatsDelta:
         if now_ms > self.last_inference_ms:
             self.last_inference_ms = now_ms
 
-    def failure(self, *, request_ns: int, reason: str) -> None:
+    def failure(self, *, request_ns: int, reason: FailureReason) -> None:
         """One failed request; ``reason`` is one of :data:`FAIL_REASONS`. A CANCELED one's
         duration is also kept apart (``cancel_ns``): it never reached the model, so it has
         no response to count in ``response_stats``."""
         self.add("fail_count", 1)
         self.add("fail_ns", max(0, request_ns))
         self.add(f"fail_reason:{reason}", 1)
-        if reason == "CANCELED":
+        if reason == FailureReason.CANCELED:
             self.add("cancel_ns", max(0, request_ns))
 
     def counter_text(self) -> str:
@@ -312,7 +313,7 @@ def triton_model_stats(name: str, version: int, stats: VersionStats) -> dict[str
     response_stats: dict[str, Any] = {}
     # a request cancelled in the queue never reached the model: no response of it counts
     failed_responses = {
-        "count": stats.get("fail_count") - stats.get("fail_reason:CANCELED"),
+        "count": stats.get("fail_count") - stats.get(f"fail_reason:{FailureReason.CANCELED}"),
         "ns": max(0, stats.get("fail_ns") - stats.get("cancel_ns")),
     }
     # responses the model produced: a response cache hit never reached it (Triton)

@@ -26,7 +26,7 @@ import redis.exceptions
 from sluice.batching import Batch, DynamicBatcher, Pending, Rejected
 from sluice.broker.consumer import Delivery, StreamConsumer
 from sluice.broker.datatypes import config_to_protocol, serialize_bytes, to_numpy
-from sluice.broker.errors import SluiceError, stream_gone
+from sluice.broker.errors import FailureReason, SluiceError, failure_reason, stream_gone
 from sluice.broker.latency_window import LatencyRecorder
 from sluice.broker.messages import (
     ErrorInfo,
@@ -63,9 +63,6 @@ SPIN_MAX_NS = 150_000
 DRAIN_QUIET_NS = 300_000_000
 #: a stopping instance takes queued entries for at most this long by default, in ns.
 DRAIN_LIMIT_NS = 5_000_000_000
-
-#: Triton error code name -> failure reason label of nv_inference_request_failure.
-_REASONS = {"UNAVAILABLE": "REJECTED", "CANCELLED": "CANCELED", "INTERNAL": "BACKEND"}
 
 
 def _wire(name: str, datatype: str, array: np.ndarray) -> WireTensor:
@@ -490,7 +487,7 @@ class InstanceLoop:
             if counted:
                 delta.failure(
                     request_ns=now - delivery.message.enqueued_ns,
-                    reason=_REASONS.get(code, "OTHER"),
+                    reason=failure_reason(code),
                 )
         self._consumer.finish(replies, [d for d, _, _ in failures], self._stats, delta)
 
@@ -550,7 +547,7 @@ class InstanceLoop:
                 successes.append((index, item))
             else:
                 # Triton: an error the model (backend) returned counts as reason BACKEND.
-                failures.append((item, "BACKEND"))
+                failures.append((item, FailureReason.BACKEND))
                 logger.debug(
                     "request %s (client id '%s') of model '%s' failed: %s: %s",
                     request_id,
@@ -567,7 +564,7 @@ class InstanceLoop:
             answers[index] = self._error(
                 item.delivery.message.request_id, "UNAVAILABLE", "Request timeout expired"
             )
-            failures.append((item, "REJECTED"))
+            failures.append((item, FailureReason.REJECTED))
         if late:
             successes = [(i, h) for i, h in successes if h.delivery.message.deadline_ns > done]
         times = ExecutionTimes(input_done - start, infer_done - input_done, done - infer_done)
