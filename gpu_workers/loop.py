@@ -533,7 +533,7 @@ class InstanceLoop:
         infer_done = self._clock()
         answers: list[InferResponseMessage] = []
         successes: list[tuple[int, _Held]] = []
-        failures: list[tuple[_Held, str]] = []
+        failures: list[tuple[_Held, FailureReason]] = []
         result_iter = iter(results)
         for index, item in enumerate(held):
             request_id = item.delivery.message.request_id
