@@ -1,6 +1,7 @@
 """Pure scheduling policy: Triton's dynamic batcher as a sans-I/O state machine.
 
-Imports only the stdlib and numpy; time is passed in as ``now_ns`` (STYLE.md §3).
+Imports only the stdlib and numpy, and time is passed in as ``now_ns``, so every
+decision can be tested without I/O or a clock.
 """
 
 from __future__ import annotations

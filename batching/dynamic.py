@@ -1,4 +1,7 @@
-"""Triton's dynamic batcher as a sans-I/O state machine (PROTOCOL.md §6.3–§6.5).
+"""Triton's dynamic batcher as a sans-I/O state machine.
+
+Rules: docs/reference/model-configuration.md (dynamic batcher, priorities, queue
+policy); Triton core ``src/dynamic_batch_scheduler.cc``.
 
 The worker loop feeds it facts (`DynamicBatcher.offer`) and asks for decisions
 (`take`, `expired`, `wake_at`); time is always passed in as ``now_ns`` from the
@@ -111,7 +114,7 @@ class Batch:
 
 @dataclass(slots=True)
 class Expired:
-    """A request removed from the queue by a REJECT timeout (PROTOCOL.md §6.4).
+    """A request removed from the queue by a REJECT timeout (Triton ``timeout_action``).
 
     Attributes:
         item: The request.
@@ -153,7 +156,7 @@ class DynamicBatcher:
     """One model's dynamic-batching queue(s) (Triton ``DynamicBatchScheduler``).
 
     Call `take` only when a model instance is free: while every instance is busy
-    requests simply accumulate, which is where large batches come from (§6.3).
+    requests simply accumulate, which is where large batches come from.
     A typical loop step: ``expired(now)`` (answer those), ``take(now)`` while an
     instance is free, then block at most ``wake_at(now) - now``.
 
@@ -178,7 +181,7 @@ class DynamicBatcher:
         return self._count
 
     def offer(self, item: Pending, now_ns: int) -> Admission:
-        """Queue a request at its priority level (PROTOCOL.md §6.4).
+        """Queue a request at its priority level (Triton ``priority_levels``).
 
         Triton ``PolicyQueue::Enqueue``: when ``max_queue_size > 0`` and the level
         already holds that many requests (DELAYed ones included) the request is
@@ -193,7 +196,7 @@ class DynamicBatcher:
         Returns:
             `Accepted`, or `Rejected` with the reason to answer the request with.
             A batch larger than ``max_batch_size`` (which the gateway already
-            refuses, §6.1 rule 4) is `Rejected` with code INVALID_ARG.
+            refuses, docs/reference/model-configuration.md) is `Rejected` with code INVALID_ARG.
         """
         mbs = self.policy.max_batch_size
         if mbs > 0 and item.batch_size > mbs:
@@ -238,7 +241,7 @@ class DynamicBatcher:
         return out
 
     def take(self, now_ns: int) -> Batch | None:
-        """A batch to run now on a free instance (Triton ``GetDynamicBatch``, §6.3).
+        """A batch to run now on a free instance (Triton ``GetDynamicBatch``).
 
         Walks the queue from the oldest request of the highest level, never
         splitting or reordering requests, and stops at a size above
@@ -297,7 +300,9 @@ class DynamicBatcher:
         return min(plan.wait_until_ns, next_timeout + 1)
 
     def cancel(self, request_id: str) -> Pending | None:
-        """Remove a queued request whose client went away (PROTOCOL.md §6.10).
+        """Remove a queued request whose client went away.
+
+        Rules: docs/reference/model-configuration.md (cancellation).
 
         Args:
             request_id: The `Pending.id` to remove.

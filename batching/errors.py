@@ -1,9 +1,10 @@
 """Errors raised by the pure batching package.
 
 `batching` imports nothing of Sluice, so the codes are plain strings with the
-names of Triton's ``TRITONSERVER_Error_Code`` (STYLE.md §5); the worker and the
-API layer map them to transport statuses. Scheduling *decisions* (queue full,
-timeout expired) are return values, never exceptions (STYLE.md §3).
+names of Triton's ``TRITONSERVER_Error_Code`` (docs/reference/errors.md); the worker
+and the API layer map them to transport statuses. Scheduling *decisions* (queue full,
+timeout expired) are return values, never exceptions: they are expected outcomes the
+caller answers a request with, not faults.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Frozen batching policies, built by the worker from a model's ``config.pbtxt``.
 
 These mirror Triton's ``ModelQueuePolicy`` and ``ModelDynamicBatching`` messages
-(``model_config.proto``; PROTOCOL.md §5.7, §6.4, §6.5) as plain dataclasses so
-that `batching` never imports protobuf. Units are in the field names.
+(``model_config.proto``; docs/reference/model-configuration.md, dynamic batcher) as
+plain dataclasses so that `batching` never imports protobuf. Units are in the field names.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class DynamicBatchingPolicy:
     Attributes:
         max_batch_size: Model ``max_batch_size``; 0 means the model does not batch
             and every request is its own batch (queueing, priorities and timeouts
-            still apply, PROTOCOL.md §5.7).
+            still apply).
         preferred_batch_sizes: ``preferred_batch_size``; each in
             ``[1, max_batch_size]``. Empty means the largest preferred size is
             ``max_batch_size``.
@@ -152,7 +152,7 @@ class DynamicBatchingPolicy:
         return max(self.preferred_batch_sizes, default=self.max_batch_size)
 
     def level_of(self, priority: int) -> int:
-        """Map a request priority to its queue level (PROTOCOL.md §6.4).
+        """Map a request priority to its queue level (Triton ``priority_levels``).
 
         Triton: priority 0, or greater than ``priority_levels``, maps to
         ``default_priority_level``; with ``priority_levels: 0`` priority is ignored.
@@ -170,7 +170,7 @@ class DynamicBatchingPolicy:
         return priority
 
     def queue_policy(self, level: int) -> QueuePolicy:
-        """The ``ModelQueuePolicy`` of a level (PROTOCOL.md §5.7).
+        """The ``ModelQueuePolicy`` of a level (``priority_queue_policy`` or the default).
 
         Args:
             level: A level from `level_of`.
@@ -181,7 +181,7 @@ class DynamicBatchingPolicy:
         return self.priority_queue_policy.get(level, self.default_queue_policy)
 
     def timeout_ns(self, level: int, requested_timeout_us: int | None) -> int | None:
-        """The queue timeout of a request in nanoseconds (PROTOCOL.md §6.4).
+        """The queue timeout of a request in nanoseconds (Triton ``ModelQueuePolicy``).
 
         Triton: with ``allow_timeout_override`` the request ``timeout`` may only
         shorten the level's default (``min(default, request)``); a request value

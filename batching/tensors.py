@@ -1,4 +1,4 @@
-"""Concatenate request inputs into one batch and split the outputs back (§6.3 step 3).
+"""Concatenate request inputs into one batch and split the outputs back.
 
 Triton concatenates each input along dim 0 in the batch's request order and
 splits every output back by each request's batch size ``b``. Arrays of dtype

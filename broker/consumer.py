@@ -173,19 +173,15 @@ class StreamConsumer:
         :data:`REPLY_TTL_S`) per reply list, ``XACK`` and ``XDEL`` per stream, and the
         shard's ``HSET`` of totals (:meth:`StatsShard.apply`; ``stats`` None: nothing is
         counted). No script: Redis writes a blocked gateway its answer only after the
-        whole pipeline ran, so every µs of it delays the answer. A script of the replies
-        cost ~19 µs of Redis time against ~3 µs for the commands, one that acknowledged
-        and ran 16 ``HINCRBY`` ~33 µs against ~5 µs (identity model at one client: p50
-        −10 to −20 µs, eighth session, and −25 µs, eleventh). Each command may run twice
+        whole pipeline ran, so every µs of it delays the answer, and a script costs Redis
+        several times the time of the same plain commands. Each command may run twice
         (a pipeline retried after a lost connection) without harm: ``XACK``/``XDEL`` are
         idempotent, the ``HSET`` writes totals, the gateway drops a duplicate reply.
         With ``defer`` the ``RPUSH``/``EXPIRE`` leave at once in a write of their own,
         without waiting for Redis's reply (:meth:`send_ahead`), and the rest waits for
         the next :meth:`read` or :meth:`flush` and shares its write and round trip: the
-        answers do not wait for the loop's bookkeeping (identity model at one client,
-        alternating with the code that sent everything with the next read: p50 369-380
-        against 384-399 µs; MLP at 32 clients +4%, 6930-7065 against 6641-6808/s,
-        2026-12-01). Without ``defer`` everything is sent and its replies read at once;
+        answers do not wait for the loop's bookkeeping. Without ``defer`` everything is
+        sent and its replies read at once;
         either way commands that could not reach Redis are kept for the next read or flush.
 
         Raises:

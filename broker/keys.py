@@ -2,7 +2,7 @@
 
 Every key starts with the deployment's prefix (default ``sluice:``). Keys of
 one model carry the hash tag ``{model}`` so a Redis Cluster keeps them in one
-slot (DESIGN.md "Redis holds the shared state").
+slot (docs/architecture.md, the Redis key schema).
 """
 
 from __future__ import annotations

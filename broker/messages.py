@@ -1,9 +1,9 @@
 """The messages that cross Redis: one inference request, one response.
 
 Slotted dataclasses, treated as immutable once built but not declared frozen: a
-frozen dataclass sets each field through ``object.__setattr__``, which made building
-one 5-10× slower (1.5 µs for a request message), and several are built per request
-in each process. ``broker.codec`` turns them into msgpack bytes and back.
+frozen dataclass sets each field through ``object.__setattr__``, which makes building
+one several times slower, and several are built per request in each process.
+``broker.codec`` turns them into msgpack bytes and back.
 Tensors stay in their wire layout (raw little-endian bytes; BYTES as 4-byte
 length-prefixed elements) so no process re-encodes them on the way.
 """

@@ -199,10 +199,8 @@ def start_private_redis(
             (mode 700: this user only; no TCP port, which any local user could reach,
             as the server has no password) and return its URL; else on a free loopback
             port. The processes of one ``sluice serve`` all run on this host, and a
-            request's Redis round trips cost less over a Unix socket than over loopback
-            TCP (identity model at one client,
-            2026-11-30: p50 471-504 against 501-543 µs, Sluice's CPU 403-446 against
-            432-486 µs per request, Redis's 133-147 against 151-166 µs).
+            request's Redis round trips cost less latency and CPU (Sluice's and Redis's)
+            over a Unix socket than over loopback TCP.
 
     Returns:
         The process and its URL: ``unix://<folder>/redis.sock?db=0``, or

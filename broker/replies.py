@@ -35,10 +35,9 @@ _POP_BLOCK_S = 1.0
 _POP_COUNT = 256
 #: blocking pops queued on the connection at once; more are sent when at most
 #: ``_POP_REFILL_AT`` are left: one write per 16 answers instead of one per answer (each
-#: write also wakes Redis; 8 and 4 before: identity model at one client, 5 rounds
-#: alternating, gateway CPU 156-167 against 159-171 µs per request, Redis's 82-90 against
-#: 86-92, 2026-12-01). A retired connection's queued pops end within 32 × ``_POP_BLOCK_S``,
-#: inside ``_RETIRED_CLOSE_S``.
+#: write also wakes Redis, so fewer writes save both the gateway's and Redis's CPU). A
+#: retired connection's queued pops end within 32 × ``_POP_BLOCK_S``, inside
+#: ``_RETIRED_CLOSE_S``.
 _POPS_QUEUED = 32
 _POP_REFILL_AT = 16
 #: a connection given up for a stalled one is closed at the latest this long after, in s.
@@ -186,9 +185,8 @@ class _Popper(RedisProtocol):
 
     Redis runs a blocked client's next pipelined command as soon as the one before it
     is answered, so a queue of pops costs one write per few answers. Re-issuing one pop
-    per answer cost a socket write on the answer path of every request, and reading
-    through redis-py a reader task's wake-up per answer (identity model at one client:
-    the gateway's CPU per request −25 µs for the queue of pops). Each queued pop waits
+    per answer costs a socket write on the answer path of every request, and reading
+    through redis-py a reader task's wake-up per answer. Each queued pop waits
     at most :data:`_POP_BLOCK_S`, so one answer is due within that bound while pops
     are queued.
 

@@ -3,7 +3,7 @@
 Triton keeps one cache per server process (``--cache-config local,size=<bytes>``).
 Sluice keeps it in Redis, so every gateway of a deployment shares it: a response
 computed behind one gateway answers the same request sent to any other. Rules
-(PROTOCOL.md 6.9, Triton ``response_cache.md``):
+(docs/reference/model-configuration.md, response cache; Triton ``response_cache.md``):
 
 * Key: a digest of the model name, version and every input's name, datatype, shape
   and bytes (:func:`request_digest`; Sluice adds the requested output names and

@@ -8,9 +8,9 @@ A version's statistics are the sum of several hashes with the same fields:
 * one ``KeySchema.stats_shard`` per model instance (:class:`StatsShard`): the instance
   keeps its totals in memory and writes the fields an execution changed, as totals,
   with one ``HSET`` in the same pipeline that acknowledges the batch. An ``HSET`` of
-  totals is cheaper for Redis than a script of ``HINCRBY`` (~5 against ~33 µs a batch,
-  on the critical path of every answer: Redis writes a waiting gateway its answer only
-  after the rest of the instance's pipeline ran), and sending it twice (a pipeline
+  totals costs Redis several times less than a script of ``HINCRBY``, and it is on the
+  critical path of every answer (Redis writes a waiting gateway its answer only after
+  the rest of the instance's pipeline ran), and sending it twice (a pipeline
   retried after a lost connection) counts nothing twice. The shards are listed in
   ``KeySchema.stats_shards``; an instance started again under its name goes on from
   its shard's totals, a stopping one (and the supervisor, for the instances it
@@ -278,7 +278,7 @@ def decode_stats(raw: Mapping[bytes, bytes]) -> VersionStats:
 
 
 def triton_model_stats(name: str, version: int, stats: VersionStats) -> dict[str, Any]:
-    """One ``model_stats`` entry in Triton's JSON shape (PROTOCOL.md 1.9)."""
+    """One ``model_stats`` entry in Triton's JSON shape (docs/reference/http-protocol.md)."""
 
     def pair(prefix: str) -> dict[str, int]:
         return {"count": stats.get(f"{prefix}_count"), "ns": stats.get(f"{prefix}_ns")}

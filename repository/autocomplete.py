@@ -1,7 +1,7 @@
 """Fill missing inputs, outputs and batching from a model's own signature.
 
-The rules are the ONNX Runtime backend's auto-complete (PROTOCOL.md 5.12,
-onnxruntime_backend ``AutoCompleteConfig``). The backend reads the model file
+The rules are the ONNX Runtime backend's auto-complete (docs/reference/model-configuration.md,
+auto-complete; onnxruntime_backend ``AutoCompleteConfig``). The backend reads the model file
 and hands us plain `TensorSignature` values, so this module needs no onnx.
 """
 
@@ -117,7 +117,7 @@ def autocomplete_from_signature(
 ) -> None:
     """Complete a config from the model's signature, in place.
 
-    ONNX Runtime backend auto-complete (PROTOCOL.md 5.12): nothing is done
+    ONNX Runtime backend auto-complete (docs/reference/model-configuration.md): nothing is done
     when the config lists both inputs and outputs. Batching is possible iff
     every input and output has rank >= 1 and a dynamic first dim; then a zero
     ``max_batch_size`` becomes ``default_max_batch_size`` (the backend's

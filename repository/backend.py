@@ -1,4 +1,6 @@
-"""Derive ``backend``, ``platform`` and ``default_model_filename`` (PROTOCOL.md 5.2).
+"""Derive ``backend``, ``platform`` and ``default_model_filename``.
+
+Rules: docs/reference/model-configuration.md (backends and platforms).
 
 Triton ``model_config_utils.cc`` ``AutoCompleteBackendFields``: either of
 ``platform``/``backend`` may be given and the other is derived; with neither,
@@ -171,8 +173,8 @@ def resolve_backend(config: ModelConfig, model_dir: Path, versions: Sequence[int
     """Fill ``backend``, ``platform`` and ``default_model_filename`` in place.
 
     Triton model_config.proto: platform, backend, default_model_filename
-    (PROTOCOL.md 5.2). A known platform fills the backend; a known backend
-    fills the platform; with neither, ``default_model_filename`` (if it is a
+    (docs/reference/model-configuration.md). A known platform fills the backend; a
+    known backend fills the platform; with neither, ``default_model_filename`` (if it is a
     known file name) or else the model file in the lowest version directory
     decides (``model.savedmodel/``, ``model.graphdef``, ``model.plan``,
     ``model.onnx``, ``model.xml``, ``model.pt``, ``model.pt2``, ``model.py``

@@ -1,8 +1,8 @@
 """Errors raised while reading a model repository.
 
 `repository` imports nothing of Sluice, so the codes are plain strings with the
-names of Triton's ``TRITONSERVER_Error_Code`` (see STYLE.md §5); the API layer
-maps them to HTTP and gRPC statuses.
+names of Triton's ``TRITONSERVER_Error_Code`` (docs/reference/errors.md); the API
+layer maps them to HTTP and gRPC statuses.
 """
 
 from __future__ import annotations

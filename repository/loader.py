@@ -1,4 +1,7 @@
-"""From a model directory to a completed, validated config (PROTOCOL.md 5.11)."""
+"""From a model directory to a completed, validated config.
+
+Rules: docs/reference/model-configuration.md (the steps of a model load).
+"""
 
 from __future__ import annotations
 
@@ -73,7 +76,7 @@ def load_model_config(
 ) -> LoadedConfig:
     """Read, complete, normalize and validate one model's config.
 
-    Triton model loading (PROTOCOL.md 5.1, 5.2, 5.11, 5.12): read
+    Triton model loading (docs/reference/model-configuration.md): read
     ``config.pbtxt`` (or ``configs/<config_name>.pbtxt``); fill or check
     ``name``; derive backend/platform/default file; run the backend's
     auto-complete unless ``strict`` (``--disable-auto-complete-config``);

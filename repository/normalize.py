@@ -1,4 +1,4 @@
-"""Defaults Triton fills in before serving a model (PROTOCOL.md 5.11 steps 3-7).
+"""Defaults Triton fills in before serving a model (docs/reference/model-configuration.md).
 
 Triton ``model_config_utils.cc`` ``NormalizeModelConfig`` and
 ``NormalizeInstanceGroup``; the result is what ``GET .../config`` shows.
@@ -83,7 +83,7 @@ def _normalize_instance_groups(config: ModelConfig, gpu_ids: Sequence[int], auto
 
 
 def normalize(config: ModelConfig, *, gpu_ids: Sequence[int] = (), auto_gpu: bool = True) -> None:
-    """Apply Triton's serving defaults in place (PROTOCOL.md 5.11 steps 3-7, 5.6).
+    """Apply Triton's serving defaults in place (docs/reference/model-configuration.md).
 
     * ``version_policy`` := ``latest { num_versions: 1 }`` if unset.
     * ``dynamic_batching.preferred_batch_size`` := ``[max_batch_size]`` if empty

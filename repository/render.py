@@ -1,8 +1,8 @@
 """``ModelConfig`` <-> the JSON Triton serves at ``GET /v2/models/{m}/config``.
 
-PROTOCOL.md 1.6: protobuf JSON mapping with proto field names, every field
-without presence printed, unset sub-messages omitted, and the 64-bit integer
-fields Triton converts written as JSON numbers instead of strings.
+docs/reference/http-protocol.md (model configuration): protobuf JSON mapping with
+proto field names, every field without presence printed, unset sub-messages omitted,
+and the 64-bit integer fields Triton converts written as JSON numbers instead of strings.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def _fix_sequence_batching(data: dict[str, Any]) -> None:
 
 
 def config_to_json(config: ModelConfig) -> dict[str, Any]:
-    """Render a config as Triton's model configuration JSON (PROTOCOL.md 1.6).
+    """Render a config as Triton's model configuration JSON (docs/reference/http-protocol.md).
 
     Converts exactly the 64-bit fields Triton converts to numbers: tensor
     dims and reshape shapes, ``version_policy.specific.versions``,

@@ -1,6 +1,7 @@
 """Find models and their numeric version directories in model repositories.
 
-Triton model repository layout (PROTOCOL.md 5.1): ``<repo>/<model>/<version>/``.
+Triton model repository layout: ``<repo>/<model>/<version>/``
+(docs/reference/model-configuration.md).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class ScanResult:
             than one root are left out (see ``duplicates``).
         duplicates: Model names present in more than one root, with every
             model directory of that name in root order. Triton cannot load
-            those and lists them as UNAVAILABLE (PROTOCOL.md 5.1).
+            those and lists them as UNAVAILABLE (docs/reference/model-configuration.md).
     """
 
     models: dict[str, ModelSource]
@@ -102,7 +103,7 @@ def scan_repositories(roots: Sequence[Path]) -> ScanResult:
 def version_directories(model_dir: Path) -> list[int]:
     """Return the numeric version directories of a model, ascending.
 
-    Triton model repository rules (PROTOCOL.md 5.1): ``warmup``,
+    Triton model repository rules (docs/reference/model-configuration.md): ``warmup``,
     ``initial_state`` and ``configs`` are skipped silently; names that are not
     a canonical non-negative integer (``^(0|[1-9][0-9]*)$``, so ``0`` is a
     version but ``01`` is not) are ignored with a warning. Hidden

@@ -1,7 +1,8 @@
 """Load-time checks of a completed model config.
 
 Each rule cites Triton ``model_config.proto`` / ``model_config_utils.cc``
-``ValidateModelConfig`` (PROTOCOL.md 5.1-5.9). Run after `normalize`.
+``ValidateModelConfig`` (docs/reference/model-configuration.md). Run after
+`normalize`.
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ def _check_preferred(check: _Checker, field: str, sizes: Sequence[int], mbs: int
 
 
 def _check_dynamic_batching(check: _Checker, config: ModelConfig) -> None:
-    """Triton model_config.proto: ModelDynamicBatching (PROTOCOL.md 5.7)."""
+    """Triton model_config.proto: ModelDynamicBatching (docs/reference/model-configuration.md)."""
     if not config.HasField("dynamic_batching"):
         return
     db = config.dynamic_batching
@@ -176,7 +177,7 @@ def _check_sequence_batching(check: _Checker, config: ModelConfig) -> None:
 
 
 def _check_instance_groups(check: _Checker, config: ModelConfig, gpu_ids: Sequence[int]) -> None:
-    """Triton model_config.proto: ModelInstanceGroup kind, count, gpus (PROTOCOL.md 5.6)."""
+    """Triton model_config.proto: ModelInstanceGroup kind, count, gpus."""
     model = config.name
     available = set(gpu_ids)
     for index, group in enumerate(config.instance_group):

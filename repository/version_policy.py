@@ -1,4 +1,4 @@
-"""Which version directories a model serves (PROTOCOL.md 5.5)."""
+"""Which version directories a model serves (docs/reference/model-configuration.md)."""
 
 from __future__ import annotations
 
