@@ -15,7 +15,7 @@ from starlette.types import ASGIApp
 
 from sluice.api.access import AccessPolicy
 from sluice.api.dataplane import DataPlane
-from sluice.api.errors import http_status
+from sluice.api.errors import client_error
 from sluice.api.http import health, infer, metadata, repository, shared_memory, stats, trace
 from sluice.api.http import logging as logging_routes
 from sluice.api.http.access import RestrictedApiMiddleware
@@ -55,11 +55,6 @@ def build_dataplane(settings: GatewaySettings, client: redis.asyncio.Redis) -> D
     return DataPlane(settings, client, registry, router, connection)
 
 
-async def _sluice_error(_request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, SluiceError)
-    return error_response(exc.message, http_status(exc.code))
-
-
 async def _http_error(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     return error_response(str(exc.detail), exc.status_code)
@@ -69,14 +64,10 @@ async def _validation_error(_request: Request, exc: Exception) -> Response:
     return error_response(f"invalid request: {exc}", 400)
 
 
-async def _redis_error(_request: Request, exc: Exception) -> Response:
-    _OUTAGE.failed(exc)
-    return error_response(f"broker unavailable: {exc}", 503)
-
-
-async def _unexpected(_request: Request, exc: Exception) -> Response:
-    logger.exception("unexpected error", exc_info=exc)
-    return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
+async def _client_error(_request: Request, exc: Exception) -> Response:
+    """A ``SluiceError``, a Redis outage or an unexpected error (:func:`client_error`)."""
+    error = client_error(exc, _OUTAGE, "an HTTP request")
+    return error_response(error.message, error.http_status)
 
 
 def create_app(settings: GatewaySettings, dataplane: DataPlane) -> FastAPI:
@@ -100,12 +91,17 @@ def create_app(settings: GatewaySettings, dataplane: DataPlane) -> FastAPI:
         trace.router,
     ):
         app.include_router(router)
-    app.add_exception_handler(SluiceError, _sluice_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(redis.exceptions.ConnectionError, _redis_error)
-    app.add_exception_handler(redis.exceptions.TimeoutError, _redis_error)
-    app.add_exception_handler(Exception, _unexpected)
+    # Exception's handler runs in Starlette's ServerErrorMiddleware, which answers and then
+    # re-raises (uvicorn logs it); the expected errors are answered without that
+    for error in (
+        SluiceError,
+        redis.exceptions.ConnectionError,
+        redis.exceptions.TimeoutError,
+        Exception,
+    ):
+        app.add_exception_handler(error, _client_error)
     return app
 
 

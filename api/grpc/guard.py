@@ -22,10 +22,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
-import redis.exceptions
 
 from sluice.api.access import AccessPolicy
-from sluice.api.errors import grpc_status
+from sluice.api.errors import client_error
 from sluice.api.grpc.registration import Unparsed
 from sluice.broker.errors import ErrorCode, SluiceError
 from sluice.broker.outage import OutageLog
@@ -62,14 +61,10 @@ RPC_GROUPS: dict[str, str] = {
 
 
 def translate(exc: BaseException) -> tuple[grpc.StatusCode, str]:
-    """The gRPC status code and details for an exception raised by a handler."""
-    if isinstance(exc, SluiceError):
-        return grpc_status(exc.code), exc.message
-    if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
-        REDIS_OUTAGE.failed(exc)
-        return grpc.StatusCode.UNAVAILABLE, f"broker unavailable: {exc}"
-    logger.error("unexpected error in a gRPC handler", exc_info=exc)
-    return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+    """The gRPC status code and details for an exception raised by a handler
+    (:func:`client_error`)."""
+    error = client_error(exc, REDIS_OUTAGE, "a gRPC handler")
+    return error.grpc_status, error.message
 
 
 def metadata_dict(context: grpc.aio.ServicerContext) -> dict[str, str]:

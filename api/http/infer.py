@@ -18,12 +18,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
-import redis.exceptions
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from sluice.api.dataplane import DataPlane, InferResult
-from sluice.api.errors import http_status
+from sluice.api.errors import client_error
 from sluice.api.http.body import compress, decompress, negotiate_encoding
 from sluice.api.http.header_cache import CachedHeader, HeaderCache
 from sluice.api.http.infer_codec import HttpInferRequest, encode_infer_response, parse_infer_request
@@ -230,16 +229,13 @@ def _error_body(message: str) -> bytes:
 
 
 def _failure(exc: BaseException, model: str) -> tuple[int, bytes]:
-    """Status and body of a failed request (Triton's ``{"error": ...}``)."""
-    if isinstance(exc, SluiceError):
-        return http_status(exc.code), _error_body(exc.message)
-    if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
-        _OUTAGE.failed(exc)
-        return 503, _error_body(f"broker unavailable: {exc}")
+    """Status and body of a failed request (Triton's ``{"error": ...}``): a request
+    cancelled while the server exits (uvicorn's shutdown timeout ran out) is answered
+    503; every other error as :func:`client_error` maps it."""
     if isinstance(exc, asyncio.CancelledError):
         return 503, _error_body(f"Server exiting: request to model '{model}' not answered")
-    logger.error("unexpected error on infer for model '%s'", model, exc_info=exc)
-    return 500, _error_body(f"internal error: {type(exc).__name__}: {exc}")
+    error = client_error(exc, _OUTAGE, f"the inference request of model '{model}'")
+    return error.http_status, _error_body(error.message)
 
 
 async def _respond(send: Send, status: int, body: bytes, headers: Mapping[str, str]) -> None:

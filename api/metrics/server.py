@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import logging
 
-import redis.exceptions
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from sluice.api.errors import client_error
 from sluice.api.metrics.exposition import CONTENT_TYPE
 from sluice.api.metrics.service import MetricsService
 from sluice.broker.outage import OutageLog
@@ -31,9 +31,9 @@ def create_metrics_app(service: MetricsService) -> Starlette:
     async def metrics(_request: Request) -> Response:
         try:
             body = await service.exposition()
-        except redis.exceptions.RedisError as exc:
-            _OUTAGE.failed(exc)
-            return PlainTextResponse(f"broker unavailable: {exc}\n", status_code=503)
+        except Exception as exc:
+            error = client_error(exc, _OUTAGE, "the metrics endpoint")
+            return PlainTextResponse(f"{error.message}\n", status_code=error.http_status)
         return Response(body, media_type=None, headers={"Content-Type": CONTENT_TYPE})
 
     # Triton answers ``/metrics`` and ``/metrics/`` alike (PROTOCOL.md 0), without a
