@@ -170,7 +170,7 @@ def repository_of(model_repository: Path, where: Path, *models: str) -> Path:
     """A repository at ``where`` holding copies of ``models`` of ``model_repository``.
 
     A server on it starts only their instances: one on the whole e2e repository starts
-    an instance process for each of its ~19 models, ~20 s on a slow 2-vCPU VM.
+    an instance process for each of its ~19 models, which takes many seconds.
     """
     for model in models:
         shutil.copytree(model_repository / model, where / model)

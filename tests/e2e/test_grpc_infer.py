@@ -551,9 +551,9 @@ def _gateway_rss_mb(server) -> float:
 
 def test_refused_large_requests_leave_no_memory_behind(server, grpc_client) -> None:
     """A refused request's tensors are freed with it. The AbortError grpc keeps on the
-    call's state sat in a reference cycle with the aborting frame, and through it the
-    request and the handler's frames: each refused request kept about 1.5 times its size
-    until the next garbage collection (1167 MB after six of 128 MiB without the fix)."""
+    call's state sits in a reference cycle with the aborting frame, and through it the
+    request and the handler's frames: unless that cycle is broken, each refused request
+    keeps about 1.5 times its size until the next garbage collection."""
     before = _gateway_rss_mb(server)
     data = np.ones((1, 12 * 1024 * 1024), np.float32)  # 48 MiB, a shape add_sub refuses
     for _ in range(5):

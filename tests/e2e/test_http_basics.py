@@ -199,8 +199,8 @@ def test_half_close_racing_the_answer_still_gets_it(server) -> None:
     """The EOF of a client that half-closes at about the moment its answer is ready
     (here: after a random delay around the round trip) may be read in the same loop
     iteration as the answer is written; the answer still arrives whole before the
-    close. (An answer waiting for the end of the iteration was dropped when the
-    transport closed for the EOF first: ~3% of such connections lost theirs.)"""
+    close. (An answer left waiting for the end of the iteration would be dropped when
+    the transport closes for the EOF first.)"""
     lost: list[str] = []
     answered = [0]
     lock = threading.Lock()

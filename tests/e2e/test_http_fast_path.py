@@ -299,8 +299,8 @@ def test_a_stalled_request_pipelined_behind_a_slow_one_waits_for_its_answer(
     """Answers go out in order, and the read clock does not run while one is owed: a
     request pipelined behind one the model works on for 2 s (twice the 1 s read timeout)
     and left unfinished gets its 408 a whole read timeout after the first request's 200,
-    not instead of it (found twice by fresh-user tests: a stalled head, then a stalled
-    body behind an ASGI-path request)."""
+    not instead of it, whether the head or the body stalls, and whether the first request
+    takes the fast path or (chunked) the ASGI path."""
     first = _slow_request(2000)
     if framing == "chunked":
         first = _chunked(first)

@@ -17,7 +17,8 @@ from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.e2e
 
-#: every metric we emit that Triton also has: name -> (type, label names) (PROTOCOL.md 7.2, 7.4).
+#: every metric we emit that Triton also has: name -> (type, label names)
+#: (docs/reference/metrics.md).
 TRITON_METRICS = {
     "nv_inference_request_success": ("counter", {"model", "version"}),
     "nv_inference_request_failure": ("counter", {"model", "version", "reason"}),

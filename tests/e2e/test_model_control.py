@@ -211,8 +211,8 @@ def test_a_reload_never_runs_a_request_under_a_config_it_was_not_checked_against
     """A reload that changes a tensor's datatype under load: each request is answered by
     the config it was checked against, or refused with the new config's text. An
     instance re-checks a request that a gateway checked against another load (its view,
-    cached briefly, is older than the new instances): before, FP32 requests of the old
-    config ran on the INT32 model and came back 200 with INT32 outputs."""
+    cached briefly, is older than the new instances), so FP32 requests of the old config
+    never run on the INT32 model and come back 200 with INT32 outputs."""
     client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
     client.load_model("reload_echo")
     int32 = {
@@ -907,9 +907,9 @@ def test_a_reload_under_steady_load_hands_the_queue_to_the_new_instances_at_once
     explicit_server: Server,
 ) -> None:
     """The replaced instances of a kept version finish what they hold and leave the
-    shared stream to the new ones (they used to take new requests until the stream stayed
-    empty, which under steady load it never does: the reload took the whole drain
-    timeout, 9 s here, while the old model answered)."""
+    shared stream to the new ones: were they to take new requests until the stream stayed
+    empty, which under steady load it never does, the reload would take the whole drain
+    timeout (9 s here) while the old model answered."""
     client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
     client.load_model("batch_scale")
     override = {

@@ -122,8 +122,8 @@ def test_ctrl_c_to_the_process_group_stops_everything_without_restarts(
     model_repository, redis_url, tmp_path
 ) -> None:
     """Ctrl-C in a terminal signals the whole process group, the instances' heartbeat
-    processes included: they stop with their instances and are not started again (each
-    Ctrl-C had logged 'heartbeat process exited (-2); starting it again')."""
+    processes included: they stop with their instances and are not started again (no
+    'heartbeat process exited (-2); starting it again' in the log)."""
     server = start_server(
         _small_repo(model_repository, tmp_path, False),
         redis_url,
@@ -168,9 +168,9 @@ def _slow_loading_repo(model_repository: Path, tmp_path: Path) -> tuple[Path, Pa
 
 def test_ctrl_c_while_models_load_exits_quietly(model_repository, redis_url, tmp_path) -> None:
     """A Ctrl-C to the process group while the instances still load (the gateway up, a
-    model in its ``initialize``) stops everything with exit 0 and no traceback. Each child
-    had died of its own ``KeyboardInterrupt`` (a traceback per process), and the cut-short
-    loads were reported as failures ('load failed ... server exiting', exit 1)."""
+    model in its ``initialize``) stops everything with exit 0 and no traceback: no child
+    dies of its own ``KeyboardInterrupt`` (a traceback per process), and the cut-short
+    loads are not reported as failures ('load failed ... server exiting', exit 1)."""
     repo, initializing = _slow_loading_repo(model_repository, tmp_path)
     server = start_server(
         repo, redis_url, tmp_path / "serve.log", new_session=True, wait_ready=False
@@ -499,10 +499,10 @@ def test_an_instance_that_dies_running_requests_is_restarted_without_backoff(
     model_repository, redis_url, tmp_path
 ) -> None:
     """Each poison request kills its instance twice (it is run again once, then failed).
-    Six deaths in a row used to grow the supervisor's restart delay to 30 s (0.5 s
-    doubled per death of an instance that ran under 10 s), so the poison requests took
-    half a minute to fail and a normal request behind them waited as long. An instance
-    that reported READY and died holding requests is now started again at once."""
+    An instance that reported READY and died holding requests is started again at once:
+    with the restart backoff (0.5 s doubled per death of an instance that ran under
+    10 s), six deaths in a row would hold the poison requests, and a normal request
+    behind them, for half a minute."""
     server = start_server(_crasher_repo(tmp_path), redis_url, tmp_path / "serve.log")
     try:
         client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
@@ -594,10 +594,10 @@ def test_requests_during_ctrl_c_are_answered_or_refused_at_once(
 def test_an_idle_grpc_stream_does_not_hold_up_the_exit(
     model_repository, redis_url, tmp_path
 ) -> None:
-    """A client that keeps a gRPC stream open after its answers came held ``sluice
-    serve``'s exit up for the whole exit timeout (10 s here), then got "Cancelling all
-    calls". Once every request it sent is answered, the stream now ends at once with
-    UNAVAILABLE "Server exiting", and the server exits in well under the timeout."""
+    """A client that keeps a gRPC stream open after its answers came does not hold
+    ``sluice serve``'s exit up for the whole exit timeout (10 s here): once every request
+    it sent is answered, the stream ends at once with UNAVAILABLE "Server exiting", and
+    the server exits in well under the timeout."""
     import queue
     import signal
 
@@ -637,9 +637,9 @@ def test_a_stopped_deployment_answers_shutting_down_over_both_protocols(
 ) -> None:
     """Requests that reach a gateway after its deployment began to stop get 503 /
     UNAVAILABLE "Server is shutting down", over HTTP and gRPC alike (unary and stream),
-    not the 404 / NOT_FOUND of the versions the stopping server unloaded. gRPC resolved
-    the model before the check that tells the two apart (a stream request sent after
-    SIGTERM got "... has no available versions", a fresh-user finding)."""
+    not the 404 / NOT_FOUND of the versions the stopping server unloaded (a stream
+    request sent after SIGTERM must not get "... has no available versions"): gRPC makes
+    the check that tells the two apart before it resolves the model."""
     import signal
 
     import tritonclient.grpc as grpcclient
@@ -799,8 +799,8 @@ def test_second_serve_on_the_same_key_prefix_is_refused(
     model_repository, redis_url, tmp_path
 ) -> None:
     """A second ``sluice serve`` on another port but the same key prefix exits with one line
-    and leaves the first untouched (before: its start wiped the first's state and its exit
-    marked the first's models unloaded); the prefix is free again once the first stops."""
+    and leaves the first untouched (its start does not wipe the first's state, nor its
+    exit mark the first's models unloaded); the prefix is free again once the first stops."""
     repo = _small_repo(model_repository, tmp_path, False)
     first = start_server(repo, redis_url, tmp_path / "first.log")
     try:
@@ -961,7 +961,7 @@ def test_what_outlives_the_exit_timeout_is_refused_and_never_run_later(redis_url
 def test_a_gateway_that_cannot_bind_its_shared_port_says_so_in_one_line(redis_url: str) -> None:
     """With ``SO_REUSEPORT`` (``--gateway-processes`` > 1) each gateway binds the shared
     HTTP port itself; when another socket holds it (here a listener without
-    ``SO_REUSEPORT``; also a connection's local port, as the fresh-user test hit) the
+    ``SO_REUSEPORT``; a connection's local port does the same) the
     gateway exits 1 with one error line, before it starts anything, not a traceback."""
     import os
     import subprocess
@@ -1024,8 +1024,8 @@ def test_sigterm_while_redis_is_stalled_exits_by_the_exit_deadline(
 ) -> None:
     """A Redis that holds its connections open and answers nothing (SIGSTOP) cannot hold
     up the exit: SIGTERM stops the gateways at once, and what is left is killed and
-    ``sluice serve`` exits 1 the exit timeout and EXIT_GRACE_S after the signal (it had
-    waited in Redis calls with a 30 s socket timeout: still running 45 s later)."""
+    ``sluice serve`` exits 1 the exit timeout and EXIT_GRACE_S after the signal, not when
+    its Redis calls reach their 30 s socket timeout."""
     with _serving_on_own_redis(model_repository, tmp_path, "--exit-timeout-secs", "2") as (
         server,
         process,
@@ -1049,7 +1049,7 @@ def test_sigterm_during_start_up_while_redis_is_stalled_exits_by_the_exit_deadli
     """SIGTERM while ``sluice serve`` is still setting up on a Redis that accepts
     connections and answers nothing (SIGSTOP): it exits 1 the exit timeout and
     EXIT_GRACE_S after the signal, naming why, instead of when its Redis calls time out
-    (30 s socket timeout: 28.5 s in a fresh-user retest)."""
+    (the 30 s socket timeout)."""
     with _serving_on_own_redis(
         model_repository, tmp_path, "--exit-timeout-secs", "1", stalled=True
     ) as (server, _):
@@ -1076,8 +1076,8 @@ def test_requests_arriving_while_redis_is_stalled_end_at_their_deadline(
 ) -> None:
     """A request that arrives while Redis answers nothing (its model's view not cached:
     the gateway must read Redis) gets "Request timeout expired" at its deadline over
-    HTTP and gRPC, not after the 15 s socket timeout or once Redis answers again (it
-    had been run and answered 200 after 12 s with a 3 s request timeout)."""
+    HTTP and gRPC, not after the 15 s socket timeout, and is not run and answered 200
+    once Redis answers again."""
     with _serving_on_own_redis(model_repository, tmp_path, "--request-timeout-secs", "2") as (
         server,
         process,
@@ -1141,9 +1141,8 @@ def test_a_redis_that_lost_its_data_gives_503_not_404_until_republished(
 def test_instances_outlive_a_flushall_under_their_blocked_reads(model_repository, tmp_path) -> None:
     """A FLUSHALL deletes the stream under an idle instance's blocked read (Redis answers it
     ``UNBLOCKED the stream key no longer exists``): the instance creates its group again
-    and goes on, as for NOGROUP; it had exited with a traceback and, restarted before the
-    models were published again, failed to load, its restarts backing off further each
-    time."""
+    and goes on, as for NOGROUP, rather than exit with a traceback and, restarted before
+    the models are published again, fail to load with its restarts backing off."""
     with _serving_on_own_redis(model_repository, tmp_path) as (server, _):
         client = httpclient.InferenceServerClient(server.http_url)
         a = np.ones((1, 16), np.float32)
@@ -1166,7 +1165,7 @@ def test_instances_of_a_killed_serve_exit_while_redis_is_stalled(
 ) -> None:
     """``sluice serve`` SIGKILLed while Redis answers nothing: its instances (told to stop
     as their parent dies) exit by their own deadline, the drain timeout and 3 s after,
-    though their drain waits in Redis calls (they had lived on until Redis answered)."""
+    though their drain waits in Redis calls (they do not live on until Redis answers)."""
     with _serving_on_own_redis(model_repository, tmp_path, "--exit-timeout-secs", "2") as (
         server,
         process,

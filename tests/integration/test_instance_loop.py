@@ -282,9 +282,8 @@ def test_the_statistics_that_count_a_batch_leave_with_its_answers(
 ) -> None:
     """An executed batch's answers and the statistics that count them go out in one write,
     before the instance reads again (the acknowledgements wait for that read): a client
-    that reads the statistics once it has its answer finds it counted. With the
-    statistics sent only with the next read, a preempted instance had left them out for
-    milliseconds (a flaky ``test_http_load_and_unload`` in CI)."""
+    that reads the statistics once it has its answer finds it counted. Sent only with the
+    next read, they could be missing for milliseconds while the instance is preempted."""
     client = redis.Redis.from_url(redis_url, protocol=2, socket_timeout=5)
     keys = KeySchema(key_prefix)
     start = time.time_ns()

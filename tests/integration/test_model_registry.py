@@ -139,11 +139,10 @@ class _RepublishedBetweenReads(AsyncModelStore):
 def test_a_model_published_again_between_the_two_reads_is_served_not_404(
     redis_url: str, key_prefix: str
 ) -> None:
-    """After Redis lost its data, a request read the model (gone) and then the server
-    record, which the republish had written back in between: it was answered 404 for a
-    model that was there again (a fresh-user report: one gRPC 404 about a second after a
-    FLUSHALL under load). It reads the model once more and runs; a model that is really
-    unknown still gets the 404."""
+    """After Redis lost its data, a request can read the model (gone) and then the server
+    record, which the republish wrote back in between: read once, it would be answered
+    404 for a model that is there again. It reads the model once more and runs; a model
+    that is really unknown still gets the 404."""
     keys = KeySchema(key_prefix)
     sync = redis.Redis.from_url(redis_url)
 

@@ -1,4 +1,5 @@
-"""Table-driven tests for batching.dynamic (PROTOCOL.md §6.3–§6.4).
+"""Table-driven tests for batching.dynamic (docs/reference/model-configuration.md:
+dynamic batcher, priorities, queue policy).
 
 Times are integers in nanoseconds; delays and timeouts in microseconds as in
 ``config.pbtxt``. No clock, no sleep.

@@ -1,4 +1,4 @@
-"""Property tests for batching.dynamic: the §6.3/§6.4 invariants on random traffic.
+"""Property tests for batching.dynamic: the batcher's invariants on random traffic.
 
 A discrete-event simulation drives the batcher with integer times: at each event
 time it reports expiries, offers the arrivals due, and takes batches while an

@@ -1,4 +1,4 @@
-"""Package-level checks: exports, error codes, and the purity rule (STYLE.md §3)."""
+"""Package-level checks: exports, error codes, and the purity rule (no I/O, no clock)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Tests for batching.policy: validation, levels and timeouts (PROTOCOL.md §5.7, §6.4)."""
+"""Tests for batching.policy: validation, levels and timeouts.
+
+Rules: docs/reference/model-configuration.md.
+"""
 
 from __future__ import annotations
 

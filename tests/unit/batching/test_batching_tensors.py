@@ -1,4 +1,4 @@
-"""Tests for batching.tensors: concat along dim 0 and split back by batch size (§6.3 step 3)."""
+"""Tests for batching.tensors: concat along dim 0 and split back by batch size."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""sluice.repository.autocomplete: the ONNX Runtime backend's rules (PROTOCOL.md 5.12)."""
+"""sluice.repository.autocomplete: the ONNX Runtime backend's rules.
+
+Rules: docs/reference/model-configuration.md.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""sluice.repository.backend: platform/backend/default file derivation (PROTOCOL.md 5.2)."""
+"""sluice.repository.backend: platform/backend/default file derivation.
+
+Rules: docs/reference/model-configuration.md.
+"""
 
 from __future__ import annotations
 

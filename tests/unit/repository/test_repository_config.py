@@ -1,4 +1,7 @@
-"""sluice.repository.config: text-format parsing and config file choice (PROTOCOL.md 5.1)."""
+"""sluice.repository.config: text-format parsing and config file choice.
+
+Rules: docs/reference/model-configuration.md.
+"""
 
 from __future__ import annotations
 

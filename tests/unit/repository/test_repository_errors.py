@@ -1,4 +1,4 @@
-"""sluice.repository.errors: codes and message shape (STYLE.md §5)."""
+"""sluice.repository.errors: codes and message shape (docs/reference/errors.md)."""
 
 from __future__ import annotations
 

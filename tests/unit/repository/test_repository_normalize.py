@@ -1,4 +1,7 @@
-"""sluice.repository.normalize: Triton's serving defaults (PROTOCOL.md 5.6, 5.11)."""
+"""sluice.repository.normalize: Triton's serving defaults.
+
+Rules: docs/reference/model-configuration.md.
+"""
 
 from __future__ import annotations
 

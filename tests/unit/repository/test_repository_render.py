@@ -1,4 +1,4 @@
-"""sluice.repository.render: Triton's config JSON (PROTOCOL.md 1.6)."""
+"""sluice.repository.render: Triton's config JSON (docs/reference/http-protocol.md)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
 dynamic_batching { max_queue_delay_microseconds: 100 }
 """
 
-# Verbatim from PROTOCOL.md 1.6 (CPU-only host).
+# Triton's answer for this config on a CPU-only host, verbatim (docs/reference/http-protocol.md).
 SIMPLE_JSON = json.loads("""
 {"name":"simple","platform":"onnxruntime_onnx","backend":"onnxruntime","runtime":"",
  "version_policy":{"latest":{"num_versions":1}},"max_batch_size":8,

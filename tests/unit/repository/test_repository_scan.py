@@ -1,4 +1,7 @@
-"""sluice.repository.scan: models, duplicates and version folders (PROTOCOL.md 5.1)."""
+"""sluice.repository.scan: models, duplicates and version folders.
+
+Rules: docs/reference/model-configuration.md.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""sluice.repository.version_policy: latest / all / specific (PROTOCOL.md 5.5)."""
+"""sluice.repository.version_policy: latest / all / specific.
+
+Rules: docs/reference/model-configuration.md.
+"""
 
 from __future__ import annotations
 
