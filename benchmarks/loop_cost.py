@@ -113,7 +113,7 @@ def _harness(batch: int, batches: int):  # type: ignore[no-untyped-def]
 
     def one(k: int) -> bytes:
         loop.admit(consumer._decode(replies[k]))
-        taken = loop._batcher.take(time.time_ns())
+        taken = loop._assembly.take(time.time_ns())
         assert taken is not None and len(taken.items) == batch, taken
         loop._execute(taken)
         commands, consumer._deferred = consumer._deferred, []

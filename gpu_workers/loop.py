@@ -1,10 +1,12 @@
 """The instance loop: consume → batch → execute → reply → acknowledge. Owns the real clock.
 
-The loop feeds the pure :class:`batching.DynamicBatcher` with what it reads
-off the model version's streams and runs the batches it hands back (Triton's
-dynamic batcher; without ``dynamic_batching`` every request is its own batch,
-Triton's default scheduler). Time is wall-clock ns (``time.time_ns``) because
-arrival times are stamped by the gateway, another process.
+The loop feeds the pure :class:`batching.DynamicBatcher` (through
+:class:`~sluice.gpu_workers.batch_assembly.BatchAssembly`) with what it reads off the
+model version's streams and runs the batches it hands back (Triton's dynamic batcher;
+without ``dynamic_batching`` every request is its own batch, Triton's default
+scheduler), counting each in :class:`~sluice.gpu_workers.accounting.Accounting`. Time
+is wall-clock ns (``time.time_ns``) because arrival times are stamped by the gateway,
+another process.
 
 A request whose queue timeout passed (REJECT) or whose deadline passed is
 answered with UNAVAILABLE "Request timeout expired" and not executed; one whose
@@ -18,36 +20,34 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
-import numpy as np
 import redis.exceptions
 
-from sluice.batching import Batch, DynamicBatcher, Pending, Rejected
+from sluice.batching import Batch
 from sluice.broker.consumer import Delivery, StreamConsumer
-from sluice.broker.datatypes import config_to_protocol, serialize_bytes, to_numpy
-from sluice.broker.errors import FailureReason, SluiceError, failure_reason, stream_gone
-from sluice.broker.latency_window import LatencyRecorder
-from sluice.broker.messages import (
-    ErrorInfo,
-    InferRequestMessage,
-    InferResponseMessage,
-    RequestedOutput,
-    WireTensor,
-)
+from sluice.broker.datatypes import config_to_protocol
+from sluice.broker.errors import FailureReason, stream_gone
+from sluice.broker.messages import InferResponseMessage
 from sluice.broker.outage import OutageLog
-from sluice.broker.request_checks import RequestRules, validate_request
+from sluice.broker.request_checks import RequestRules
 from sluice.broker.scheduling import ShapeKeys, StreamLayout
-from sluice.broker.stats_store import ExecutionTimes, StatsDelta, StatsShard
+from sluice.broker.stats_store import ExecutionTimes, StatsShard
+from sluice.gpu_workers.accounting import Accounting
+from sluice.gpu_workers.answers import Answers
 from sluice.gpu_workers.backends.base import Backend, InferError, InferRequest, InferResponse
-from sluice.gpu_workers.classification import classify
+from sluice.gpu_workers.batch_assembly import (
+    TIMEOUT_TEXT,
+    BatchAssembly,
+    Failure,
+    Held,
+    backend_requests,
+    split_late,
+)
 
 logger = logging.getLogger(__name__)
 
 #: longest single blocking read, in ms, so a stop request is seen quickly.
 HEARTBEAT_MS = 200
-#: an entry handed out more often than this (its instance died each time) is failed.
-MAX_DELIVERIES = 2
 #: first and longest wait between attempts to reach a lost Redis again, in s.
 REDIS_RETRY_MIN_S = 0.05
 REDIS_RETRY_MAX_S = 2.0
@@ -65,12 +65,6 @@ DRAIN_QUIET_NS = 300_000_000
 DRAIN_LIMIT_NS = 5_000_000_000
 
 
-def _wire(name: str, datatype: str, array: np.ndarray) -> WireTensor:
-    # tobytes() writes C order whatever the array's layout
-    data = serialize_bytes(array.reshape(-1)) if datatype == "BYTES" else array.tobytes()
-    return WireTensor(name, datatype, array.shape, data)
-
-
 def output_datatypes(config: object) -> dict[str, str]:
     """Output name -> protocol datatype of a ``ModelConfig``."""
     from sluice.gpu_workers.backends.tensor_adapter import model_config_type_name
@@ -79,12 +73,6 @@ def output_datatypes(config: object) -> dict[str, str]:
         o.name: config_to_protocol(model_config_type_name(o.data_type))
         for o in config.output  # type: ignore[attr-defined]
     }
-
-
-@dataclass(slots=True)
-class _Held:
-    delivery: Delivery
-    batch_size: int
 
 
 class InstanceLoop:
@@ -121,24 +109,11 @@ class InstanceLoop:
     ) -> None:
         self._consumer = consumer
         self._backend = backend
-        self._layout = layout
         self._model = layout.model
-        self._version = layout.version
-        self._shape_keys = shape_keys
-        self._output_datatypes = output_datatypes
-        self._stats = stats
-        self._batching = batching
         self._clock = clock
-        self._batcher = DynamicBatcher(layout.policy)
-        self._load_id = load_id
-        self._rules = rules
-        #: latency histograms of the summary metrics (None: nothing is counted)
-        self._latencies = (
-            LatencyRecorder(layout.keys.latency_window(layout.model, layout.version))
-            if stats is not None
-            else None
-        )
-        self._held: dict[str, _Held] = {}
+        self._answers = Answers(layout.model, layout.version, load_id, output_datatypes, batching)
+        self._assembly = BatchAssembly(layout, shape_keys, batching, load_id, rules)
+        self._accounts = Accounting(layout, stats)
         self._read_count = max(1, layout.policy.max_batch_size)
         #: several priority levels (one stream each): a batch is formed only after a read
         #: that followed the last execution (see :meth:`step`)
@@ -188,8 +163,7 @@ class InstanceLoop:
                         lost_since, backoff_s = 0.0, REDIS_RETRY_MIN_S
                     self.step()
                 except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-                    if self._stats is not None:
-                        self._stats.registered = False  # Redis may come back without it
+                    self._accounts.registration_lost()
                     if not lost_since:
                         lost_since = time.monotonic()
                         logger.warning(
@@ -206,12 +180,10 @@ class InstanceLoop:
                         self._model,
                     )
                     self._consumer.ensure_groups()
-                    if self._stats is not None:
-                        self._stats.registered = False
+                    self._accounts.registration_lost()
             self.drain()
         finally:
-            if self._latencies is not None:
-                self._consumer.defer(self._latencies.flush(self._clock(), force=True))
+            self._consumer.defer(self._accounts.flush_latencies(self._clock(), force=True))
             self._flush_kept()  # what cannot be sent stays pending in Redis for recovery
 
     def _resume(self) -> None:
@@ -229,14 +201,14 @@ class InstanceLoop:
         """One iteration: expire, run a ready batch, or read more (bounded wait)."""
         now = self._clock()
         self._expire(now)
-        if self._levels and self._held and not self._read_since_execution:
+        if self._levels and self._assembly.held and not self._read_since_execution:
             # Triton keeps one priority queue per model. A read takes at most a batch from
             # each level's stream, so what this instance holds may be a lower level's
             # request while a higher level's wait unread: read once more before choosing
             # (it also sends the previous batch's answers)
-            self.admit(self._poll(max(1, self._read_count - len(self._held))))
+            self.admit(self._poll(max(1, self._read_count - len(self._assembly))))
             now = self._clock()
-        batch = self._batcher.take(now)
+        batch = self._assembly.take(now)
         if batch is not None:
             self._consumer.flush()  # the previous batch's replies go out before this one runs
             self._execute(batch)
@@ -244,11 +216,11 @@ class InstanceLoop:
             return
         if self.housekeeping is not None:
             self.admit(self.housekeeping())
-        wake = self._batcher.wake_at(now)
-        room = max(1, self._read_count - len(self._held))
+        wake = self._assembly.wake_at(now)
+        room = max(1, self._read_count - len(self._assembly))
         if wake is None:
-            if self._latencies is not None:  # observations wait at most ~1 s when idle
-                self._consumer.defer(self._latencies.flush(now))
+            # latency observations wait at most ~1 s when idle
+            self._consumer.defer(self._accounts.flush_latencies(now))
             # Nothing held: block until a request arrives (Redis wakes blocked readers at
             # once on XADD; only the timeout is coarse, so it is a heartbeat, not a delay).
             self.admit(self._consumer.read(count=room, block_ms=HEARTBEAT_MS))
@@ -270,12 +242,12 @@ class InstanceLoop:
         # The window's last read, sent so that it is answered about when the window
         # closes; then the batch starts when the delay runs out (Triton's batch holds
         # every request enqueued before that), not a sleep's wake-up and a round trip
-        # later (~100 µs each on a VM).
+        # later.
         if remaining_ns > lead_ns:
             self._sleep(remaining_ns - lead_ns)
         self.admit(self._poll(room))
         now = self._clock()
-        due = self._batcher.wake_at(now)
+        due = self._assembly.wake_at(now)
         if due is None or due <= now or due - now > POLL_NS:
             return
         if due - now > SPIN_MAX_NS:
@@ -324,7 +296,7 @@ class InstanceLoop:
         quiet_since = self._clock()
         while True:
             ran = False
-            while (batch := self._batcher.take(far)) is not None:
+            while (batch := self._assembly.take(far)) is not None:
                 self._flush_kept()
                 self._execute(batch)
                 ran = True
@@ -363,163 +335,41 @@ class InstanceLoop:
 
     def admit(self, deliveries: Sequence[Delivery]) -> None:
         """Offer each delivery to the batcher; answer refusals at once."""
-        refused: list[tuple[Delivery, str, str]] = []
-        #: refused by the config checks: not counted, as a gateway's refusals are not
-        checks_refused: list[tuple[Delivery, str, str]] = []
-        held = self._held
-        offer = self._batcher.offer
-        key = self._shape_keys.key
-        now = self._clock()
-        for delivery in deliveries:
-            message = delivery.message
-            if message.request_id in held:  # claimed twice; keep the first
-                continue
-            if delivery.deliveries > MAX_DELIVERIES:
-                refused.append(
-                    (
-                        delivery,
-                        "INTERNAL",
-                        f"model '{self._model}': an instance exited while running this "
-                        f"request ({delivery.deliveries - 1} attempts); not running it "
-                        "again",
-                    )
-                )
-                continue
-            if (
-                self._rules is not None
-                and message.load_id
-                and self._load_id
-                and message.load_id != self._load_id
-            ):
-                refusal = self._recheck(message)
-                if refusal is not None:
-                    checks_refused.append((delivery, refusal.code.value, refusal.message))
-                    continue
-            inputs = message.inputs
-            batch_size = 0
-            if self._batching and inputs:
-                batch_size = int(inputs[0].shape[0]) if inputs[0].shape else 0
-            parameters = message.parameters
-            timeout = parameters.get("timeout") if parameters else None
-            pending = Pending(
-                message.request_id,
-                batch_size,
-                key(inputs),
-                message.enqueued_ns,
-                int(parameters.get("priority", 0) or 0) if parameters else 0,
-                int(timeout) if isinstance(timeout, int) and timeout > 0 else None,
-            )
-            admission = offer(pending, now)
-            if isinstance(admission, Rejected):
-                refused.append((delivery, admission.code, admission.reason))
-            else:
-                held[message.request_id] = _Held(delivery, batch_size)
-        if refused:
-            self._fail(refused)
-        if checks_refused:
-            self._fail(checks_refused, counted=False)
+        admission = self._assembly.admit(deliveries, self._clock())
+        if admission.refused:
+            self._fail(admission.refused)
+        if admission.checks_refused:
+            self._fail(admission.checks_refused, counted=False)
 
-    def _recheck(self, message: InferRequestMessage) -> SluiceError | None:
-        """The error of a request checked by a gateway against another load of the model,
-        under this instance's config (Triton's texts, ``broker.request_checks``), or None.
-        """
-        assert self._rules is not None
-        requested = [
-            RequestedOutput(name, class_count=message.classification.get(name, 0))
-            for name in message.outputs
-        ]
-        try:
-            validate_request(self._rules, message.inputs, requested)
-        except SluiceError as exc:
-            logger.debug(
-                "request %s of model '%s' was checked against load %s, not %s: %s",
-                message.request_id,
-                self._model,
-                message.load_id,
-                self._load_id,
-                exc.message,
-            )
-            return exc
-        return None
-
-    # -- answers -----------------------------------------------------------------------------
+    # -- refusals and expiry -----------------------------------------------------------------
 
     def _expire(self, now: int) -> None:
-        expired = self._batcher.expired(now)
-        late = [h for h in self._held.values() if h.delivery.message.deadline_ns <= now]
-        failures: list[tuple[Delivery, str, str]] = []
-        for item in expired:
-            held = self._held.pop(item.item.id, None)
-            if held is not None:
-                failures.append((held.delivery, "UNAVAILABLE", item.reason))
-        for held in late:
-            if self._batcher.cancel(held.delivery.message.request_id) is not None:
-                self._held.pop(held.delivery.message.request_id, None)
-                failures.append((held.delivery, "UNAVAILABLE", "Request timeout expired"))
+        failures = self._assembly.expire(now)
         if failures:
             self._fail(failures)
 
-    def _error(self, request_id: str, code: str, message: str) -> InferResponseMessage:
-        return InferResponseMessage(
-            request_id, self._model, self._version, error=ErrorInfo(code, message)
-        )
-
-    def _fail(self, failures: Sequence[tuple[Delivery, str, str]], counted: bool = True) -> None:
+    def _fail(self, failures: Sequence[Failure], counted: bool = True) -> None:
         """Answer each ``(delivery, code, text)`` with its error and acknowledge it;
         ``counted``: as a failure in the statistics (Triton counts no request its checks
         refused before it was queued)."""
         now = self._clock()
         replies = [
-            (d.message.reply_to, self._error(d.message.request_id, code, text))
+            (d.message.reply_to, self._answers.error(d.message.request_id, code, text))
             for d, code, text in failures
         ]
-
-        delta = StatsDelta()
-        for delivery, code, text in failures:
-            logger.debug(
-                "request %s (client id '%s') of model '%s' failed: %s: %s",
-                delivery.message.request_id,
-                delivery.message.client_id,
-                self._model,
-                code,
-                text,
-            )
-            if counted:
-                delta.failure(
-                    request_ns=now - delivery.message.enqueued_ns,
-                    reason=failure_reason(code),
-                )
-        self._consumer.finish(replies, [d for d, _, _ in failures], self._stats, delta)
+        delta = self._accounts.failures(failures, self._model, now, counted)
+        self._consumer.finish(replies, [d for d, _, _ in failures], self._accounts.stats, delta)
 
     # -- execution ---------------------------------------------------------------------------
 
     def _execute(self, batch: Batch) -> None:
-        held = [self._held.pop(item.id) for item in batch.items]
         start = self._clock()
-        late = [h for h in held if h.delivery.message.deadline_ns <= start]
+        late, held = split_late(self._assembly.release(batch), start)
         if late:
-            self._fail([(h.delivery, "UNAVAILABLE", "Request timeout expired") for h in late])
-            held = [h for h in held if h.delivery.message.deadline_ns > start]
+            self._fail([(h.delivery, "UNAVAILABLE", TIMEOUT_TEXT) for h in late])
             if not held:
                 return
-        requests: list[InferRequest] = []
-        decode_errors: dict[int, str] = {}
-        for index, item in enumerate(held):
-            message = item.delivery.message
-            try:
-                inputs = {t.name: to_numpy(t.datatype, t.shape, t.data) for t in message.inputs}
-            except ValueError as exc:
-                decode_errors[index] = f"model '{self._model}': {exc}"
-                inputs = {}
-            requests.append(
-                InferRequest(
-                    message.request_id,
-                    message.client_id,
-                    inputs,
-                    message.outputs,
-                    message.parameters,
-                )
-            )
+        requests, decode_errors = backend_requests(held, self._model)
         runnable = [r for i, r in enumerate(requests) if i not in decode_errors]
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
@@ -532,16 +382,16 @@ class InstanceLoop:
         results = self._run_backend(runnable)
         infer_done = self._clock()
         answers: list[InferResponseMessage] = []
-        successes: list[tuple[int, _Held]] = []
-        failures: list[tuple[_Held, FailureReason]] = []
+        successes: list[tuple[int, Held]] = []
+        failures: list[tuple[Held, FailureReason]] = []
         result_iter = iter(results)
         for index, item in enumerate(held):
             request_id = item.delivery.message.request_id
             if index in decode_errors:
-                answers.append(self._error(request_id, "INVALID_ARG", decode_errors[index]))
-                failures.append((item, "OTHER"))
+                answers.append(self._answers.error(request_id, "INVALID_ARG", decode_errors[index]))
+                failures.append((item, FailureReason.OTHER))
                 continue
-            answer = self._answer(item.delivery.message, next(result_iter))
+            answer = self._answers.answer(item.delivery.message, next(result_iter), self.labels)
             answers.append(answer)
             if answer.error is None:
                 successes.append((index, item))
@@ -559,67 +409,28 @@ class InstanceLoop:
         done = self._clock()
         # The gateway answered "Request timeout expired" at the deadline: a request that
         # finished after it is answered and counted the same way, not as a success.
-        late = [(i, h) for i, h in successes if h.delivery.message.deadline_ns <= done]
-        for index, item in late:
-            answers[index] = self._error(
-                item.delivery.message.request_id, "UNAVAILABLE", "Request timeout expired"
+        late_done = [(i, h) for i, h in successes if h.delivery.message.deadline_ns <= done]
+        for index, item in late_done:
+            answers[index] = self._answers.error(
+                item.delivery.message.request_id, "UNAVAILABLE", TIMEOUT_TEXT
             )
             failures.append((item, FailureReason.REJECTED))
-        if late:
+        if late_done:
             successes = [(i, h) for i, h in successes if h.delivery.message.deadline_ns > done]
         times = ExecutionTimes(input_done - start, infer_done - input_done, done - infer_done)
-        executed_size = sum(h.batch_size if h.batch_size > 1 else 1 for h in held)
-        for index in decode_errors:
-            executed_size -= max(1, held[index].batch_size)
-
-        delta = StatsDelta()
-        request_us: list[int] = []
-        queue_us: list[int] = []
-        if successes:
-            # Triton's backends report an execution's batch statistics (execution_count,
-            # batch_stats) unless every response of it failed (onnxruntime_backend)
-            delta.execution(executed_size, times)
-            # each request's durations, in ns and µs (a gateway's clock may run ahead)
-            request_ns = queue_ns = inferences = 0
-            for _, item in successes:
-                enqueued = item.delivery.message.enqueued_ns
-                in_server = done - enqueued if done > enqueued else 0
-                queued = start - enqueued if start > enqueued else 0
-                request_ns += in_server
-                queue_ns += queued
-                request_us.append(in_server // 1000)
-                queue_us.append(queued // 1000)
-                inferences += item.batch_size if item.batch_size > 1 else 1
-            delta.successes(
-                count=len(successes),
-                inferences=inferences,
-                request_ns=request_ns,
-                queue_ns=queue_ns,
-                times=times,
-                now_ms=done // 1_000_000,
-            )
-        for item, reason in failures:
-            delta.failure(request_ns=done - item.delivery.message.enqueued_ns, reason=reason)
+        delta, durations = self._accounts.execution(
+            held, [h for _, h in successes], failures, list(decode_errors), times, start, done
+        )
         # The answers leave now, followed in the same write by the statistics that count
-        # them (a client that reads the statistics as soon as it has its answer finds it
-        # counted; sent with the next read, a preempted instance had left that window open
-        # for milliseconds); the acknowledgements go with the next read.
+        # them, so a client that reads the statistics as soon as it has its answer finds
+        # it counted even when the instance is preempted right after this write; the
+        # acknowledgements go with the next read.
         self._consumer.send_replies(
             [(h.delivery.message.reply_to, a) for h, a in zip(held, answers, strict=True)],
-            self._stats.apply(delta) if self._stats is not None else (),
+            self._accounts.commands(delta),
         )
-        if successes and self._latencies is not None:
-            self._latencies.observe_batch(
-                request_us,
-                queue_us,
-                (
-                    times.compute_input_ns // 1000,
-                    times.compute_infer_ns // 1000,
-                    times.compute_output_ns // 1000,
-                ),
-                done,
-            )
-            self._consumer.defer(self._latencies.flush(done))
+        if successes:
+            self._consumer.defer(self._accounts.observe(durations, times, done))
 
         self._consumer.finish(
             [],
@@ -640,34 +451,3 @@ class InstanceLoop:
             message = f"model '{self._model}' returned {got} responses for {len(requests)} requests"
             return [InferError("INTERNAL", message)] * len(requests)
         return results
-
-    def _answer(
-        self, message: InferRequestMessage, result: InferResponse | InferError
-    ) -> InferResponseMessage:
-        request_id = message.request_id
-        if isinstance(result, InferError):
-            return self._error(request_id, result.code, result.message)
-        # an answer without outputs is sent as such (Triton's python_backend sends a
-        # response with the outputs the model gave, none included)
-        try:
-            wires = []
-            for name, array in result.outputs.items():
-                k = message.classification.get(name, 0)
-                if k > 0:
-                    labels = self.labels.get(name, [])
-                    wires.append(_wire(name, "BYTES", classify(array, k, self._batching, labels)))
-                else:
-                    wires.append(_wire(name, self._output_datatypes.get(name, "BYTES"), array))
-            outputs = tuple(wires)
-        except Exception as exc:
-            logger.exception("model '%s' produced an output that cannot be sent", self._model)
-            return self._error(request_id, "INTERNAL", str(exc))
-        return InferResponseMessage(
-            request_id,
-            self._model,
-            self._version,
-            outputs,
-            None,
-            dict(result.parameters),
-            load_id=self._load_id,
-        )

@@ -1,0 +1,96 @@
+"""The answers an instance sends: backend results and errors as response messages.
+
+Outputs travel as wire tensors in the datatype the model config declares (BYTES for
+an output it does not); an output the request asked to classify travels as Triton's
+``"value:index[:label]"`` strings (:mod:`sluice.gpu_workers.classification`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from sluice.broker.datatypes import serialize_bytes
+from sluice.broker.messages import ErrorInfo, InferRequestMessage, InferResponseMessage, WireTensor
+from sluice.gpu_workers.backends.base import InferError, InferResponse
+from sluice.gpu_workers.classification import classify
+
+logger = logging.getLogger(__name__)
+
+
+def wire(name: str, datatype: str, array: np.ndarray) -> WireTensor:
+    """``array`` as the wire tensor ``name`` of protocol ``datatype``."""
+    # tobytes() writes C order whatever the array's layout
+    data = serialize_bytes(array.reshape(-1)) if datatype == "BYTES" else array.tobytes()
+    return WireTensor(name, datatype, array.shape, data)
+
+
+class Answers:
+    """Builds the answers of one model version's instance.
+
+    Args:
+        model: the model's name.
+        version: the version served.
+        load_id: the model load the instance belongs to, stamped on its answers
+            (``InferResponseMessage.load_id``).
+        output_datatypes: output name -> protocol datatype (from the config).
+        batching: whether the model has a batch dimension (``max_batch_size`` > 0).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        version: int,
+        load_id: str,
+        output_datatypes: dict[str, str],
+        batching: bool,
+    ) -> None:
+        self._model = model
+        self._version = version
+        self._load_id = load_id
+        self._output_datatypes = output_datatypes
+        self._batching = batching
+
+    def error(self, request_id: str, code: str, message: str) -> InferResponseMessage:
+        """The answer failing ``request_id`` with a Triton error code and text."""
+        return InferResponseMessage(
+            request_id, self._model, self._version, error=ErrorInfo(code, message)
+        )
+
+    def answer(
+        self,
+        message: InferRequestMessage,
+        result: InferResponse | InferError,
+        labels: dict[str, list[str]],
+    ) -> InferResponseMessage:
+        """The answer to ``message`` from its backend ``result``; ``labels``: output
+        name -> class labels (Triton ``label_filename``), for classification. An output
+        that cannot be sent fails the request with INTERNAL."""
+        request_id = message.request_id
+        if isinstance(result, InferError):
+            return self.error(request_id, result.code, result.message)
+        # an answer without outputs is sent as such (Triton's python_backend sends a
+        # response with the outputs the model gave, none included)
+        try:
+            wires = []
+            for name, array in result.outputs.items():
+                k = message.classification.get(name, 0)
+                if k > 0:
+                    classes = classify(array, k, self._batching, labels.get(name, []))
+                    wires.append(wire(name, "BYTES", classes))
+                else:
+                    wires.append(wire(name, self._output_datatypes.get(name, "BYTES"), array))
+            outputs = tuple(wires)
+        except Exception as exc:
+            logger.exception("model '%s' produced an output that cannot be sent", self._model)
+            return self.error(request_id, "INTERNAL", str(exc))
+        return InferResponseMessage(
+            request_id,
+            self._model,
+            self._version,
+            outputs,
+            None,
+            dict(result.parameters),
+            load_id=self._load_id,
+        )
