@@ -1,13 +1,14 @@
 """Checks every request against its model's config before it runs.
 
 One rule set for HTTP and gRPC, in Triton's order and with Triton's texts
-(docs/reference/model-configuration.md, request validation; docs/reference/errors.md;
-Triton ``src/infer_request.cc``): requested outputs, input names and count, batch
-size, datatype, shape, byte size. The gateway checks each request before it queues it
-(against its view of the model); an instance checks again a request the gateway checked
-against another load of the model than the instance's own (during a reload, while a
-gateway's cached view is older or newer than the instance: Triton switches a model's
-config at once, so each request runs under the config it was checked against).
+(docs/reference/model-configuration.md, "Checks before a request is queued";
+docs/reference/errors.md; Triton ``src/infer_request.cc``): requested outputs, input
+names and count, batch size, datatype, shape, byte size. The gateway checks each request
+before it queues it (against its view of the model); an instance checks again a request
+the gateway checked against another load of the model than the instance's own (during a
+reload, while a gateway's cached view is older or newer than the instance: Triton
+switches a model's config at once, so each request runs under the config it was checked
+against).
 """
 
 from __future__ import annotations

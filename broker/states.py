@@ -4,7 +4,7 @@ Both are kept in Redis (``sluice.broker.model_store``) and read by every gateway
 names are the wire values too.
 
 Model version (:class:`ModelState`), Triton's ``ModelReadyState`` names as the repository
-index reports them (docs/reference/http-protocol.md, model repository)::
+index reports them (docs/reference/http-protocol.md, "Repository extension")::
 
     (none) ──load──▶ LOADING ──every instance READY──▶ READY ──unload──▶ UNLOADING ──▶ UNAVAILABLE
                         │                              │  ▲

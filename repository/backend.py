@@ -1,6 +1,7 @@
 """Derive ``backend``, ``platform`` and ``default_model_filename``.
 
-Rules: docs/reference/model-configuration.md (backends and platforms).
+Rules: docs/reference/model-configuration.md ("Backend, platform and
+model file").
 
 Triton ``model_config_utils.cc`` ``AutoCompleteBackendFields``: either of
 ``platform``/``backend`` may be given and the other is derived; with neither,

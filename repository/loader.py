@@ -1,6 +1,7 @@
 """From a model directory to a completed, validated config.
 
-Rules: docs/reference/model-configuration.md (the steps of a model load).
+Rules: docs/reference/model-configuration.md ("Auto-complete",
+"Normalization", "Validation", "Version policy").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Model warmup end to end, with the models in tests/assets/warmup_models.
 
-Rules: docs/reference/model-configuration.md (model warmup).
+Rules: docs/user-guide/backends.md (model warm-up).
 
 ``warmup_counter`` reports what it executed before the current call, so the
 first client request proves that every warmup sample ran (zero data and file

@@ -206,7 +206,7 @@ def test_digits_predictions_match_in_process(http_client, model_repository, exam
 
 def test_raw_binary_request(server, http_client, examples) -> None:
     # Inference-Header-Content-Length: 0: the body is the only input's data, a batch of
-    # 1 (docs/reference/http-protocol.md, binary extension); every output comes back in
+    # 1 (docs/reference/http-protocol.md, raw binary requests); every output comes back in
     # binary
     image = examples.digits_test_split()[0][:1]
     response = requests.post(
