@@ -46,10 +46,17 @@ def connect(settings: GatewaySettings) -> redis.asyncio.Redis:
     )
 
 
-def build_dataplane(settings: GatewaySettings, client: redis.asyncio.Redis) -> DataPlane:
-    """Wire a :class:`DataPlane` for this gateway process (router and connection not started)."""
+def build_dataplane(
+    settings: GatewaySettings,
+    client: redis.asyncio.Redis,
+    registry: ModelRegistry | None = None,
+) -> DataPlane:
+    """Wire a :class:`DataPlane` for this gateway process (router and connection not
+    started); ``registry``: the model views to use instead of those read through
+    ``client``."""
     keys = KeySchema(settings.redis.key_prefix)
-    registry = ModelRegistry(AsyncModelStore(client, keys), settings.model_cache_s)
+    if registry is None:
+        registry = ModelRegistry(AsyncModelStore(client, keys), settings.model_cache_s)
     router = ReplyRouter(settings.redis.url, keys.reply(settings.gateway_id))
     connection = MultiplexedConnection(settings.redis.url, settings.redis.socket_timeout_s)
     return DataPlane(settings, client, registry, router, connection)

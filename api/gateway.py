@@ -220,7 +220,7 @@ async def serve_gateway(settings: GatewaySettings) -> None:
             await _stop_grpc(grpc_front, dataplane, stop_began, settings.exit_timeout_s)
         await dataplane.router.stop()
         try:
-            dropped = await dataplane.drop_unanswered()
+            dropped = await dataplane.queue.drop_unanswered()
             if dropped:
                 logger.info("took %d unanswered request(s) off the queues at exit", dropped)
         except redis.exceptions.RedisError as exc:
@@ -273,7 +273,7 @@ async def _release_unanswerable(dataplane: DataPlane) -> None:
         if not dataplane.router.waiting:
             continue
         try:
-            if await asyncio.wait_for(dataplane.any_instance_live(), RELEASE_CHECK_S):
+            if await asyncio.wait_for(dataplane.health.any_instance_live(), RELEASE_CHECK_S):
                 unreachable = 0
                 continue
         except (redis.exceptions.RedisError, TimeoutError):

@@ -34,7 +34,7 @@ class ReadinessHealthServicer(health_pb2_grpc.HealthServicer):
         self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
     ) -> health_pb2.HealthCheckResponse:
         """SERVING iff ``GET /v2/health/ready`` would answer 200 (Triton: server ready)."""
-        ready = await self._dp.server_ready()
+        ready = await self._dp.health.server_ready()
         status = (
             health_pb2.HealthCheckResponse.SERVING
             if ready

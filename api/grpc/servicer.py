@@ -64,13 +64,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     ) -> service_pb2.ServerLiveResponse:
         """``live`` True while the gateway serves (Redis is not asked), False (status OK)
         once it is stopping."""
-        return service_pb2.ServerLiveResponse(live=await self._dp.server_live())
+        return service_pb2.ServerLiveResponse(live=await self._dp.health.server_live())
 
     async def ServerReady(
         self, request: service_pb2.ServerReadyRequest, context: grpc.aio.ServicerContext
     ) -> service_pb2.ServerReadyResponse:
         """``ready`` as ``GET /v2/health/ready``; not ready is OK with False."""
-        return service_pb2.ServerReadyResponse(ready=await self._dp.server_ready())
+        return service_pb2.ServerReadyResponse(ready=await self._dp.health.server_ready())
 
     async def ModelReady(
         self, request: service_pb2.ModelReadyRequest, context: grpc.aio.ServicerContext
@@ -81,7 +81,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         is still INVALID_ARGUMENT."""
         version = parse_version(request.version, request.name)
         try:
-            ready = await self._dp.model_readiness(request.name, version)
+            ready = await self._dp.health.model_readiness(request.name, version)
         except SluiceError as exc:
             if exc.code is not ErrorCode.NOT_FOUND:
                 raise
@@ -94,7 +94,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self, request: service_pb2.ServerMetadataRequest, context: grpc.aio.ServicerContext
     ) -> service_pb2.ServerMetadataResponse:
         """Name, version and extensions, as ``GET /v2``."""
-        meta = self._dp.server_metadata()
+        meta = self._dp.metadata.server_metadata()
         return service_pb2.ServerMetadataResponse(
             name=meta["name"], version=meta["version"], extensions=meta["extensions"]
         )
@@ -104,7 +104,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     ) -> service_pb2.ModelMetadataResponse:
         """Same content as ``GET /v2/models/{m}[/versions/{v}]`` (PROTOCOL.md 1.5)."""
         version = parse_version(request.version, request.name)
-        meta = await self._dp.model_metadata(request.name, version)
+        meta = await self._dp.metadata.model_metadata(request.name, version)
         response = service_pb2.ModelMetadataResponse(
             name=meta["name"], versions=meta["versions"], platform=meta["platform"]
         )
@@ -119,18 +119,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     ) -> service_pb2.ModelConfigResponse:
         """The completed model config as a ``ModelConfig`` message."""
         version = parse_version(request.version, request.name)
-        view = await self._dp.model_config(request.name, version)
+        view = await self._dp.metadata.model_config(request.name, version)
         return service_pb2.ModelConfigResponse(config=view.config)
 
     async def ModelStatistics(
         self, request: service_pb2.ModelStatisticsRequest, context: grpc.aio.ServicerContext
     ) -> service_pb2.ModelStatisticsResponse:
-        """Statistics extension (PROTOCOL.md 1.9), once the DataPlane keeps statistics."""
-        statistics = getattr(self._dp, "statistics", None)
-        if statistics is None:
-            raise SluiceError(ErrorCode.UNSUPPORTED, "statistics are not available yet")
+        """Statistics extension, as ``GET /v2/models[/{m}[/versions/{v}]]/stats``."""
         version = parse_version(request.version, request.name)
-        body = await statistics(request.name or None, version)
+        body = await self._dp.statistics.model_statistics(request.name or None, version)
         return json_format.ParseDict(
             body, service_pb2.ModelStatisticsResponse(), ignore_unknown_fields=True
         )
@@ -145,7 +142,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         # unknown model first; a stopping server's 503 / UNAVAILABLE rather than the 404 of
         # the versions it unloads while it exits (as HTTP)
         started_ns = time.monotonic_ns()
-        view, _ = await self._dp.resolve_for_infer(model, version)
+        view, _ = await self._dp.submission.resolve_for_infer(model, version)
         waited_ns = time.monotonic_ns() - started_ns
         if view.decoupled:
             raise SluiceError(
@@ -155,7 +152,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 model=model,
             )
         parsed = parse_infer_request(request)
-        result = await self._dp.infer(
+        result = await self._dp.submission.infer(
             model, version, parsed.client_id, parsed.inputs, parsed.outputs, parsed.parameters,
             waited_ns,
         )  # fmt: skip
@@ -266,7 +263,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     ) -> service_pb2.RepositoryIndexResponse:
         """Index entries as ``POST /v2/repository/index`` (four strings, "" when absent)."""
         _refuse_named_repository(request.repository_name)
-        entries = await self._dp.repository_index(request.ready)
+        entries = await self._dp.repository.repository_index(request.ready)
         response = service_pb2.RepositoryIndexResponse()
         for entry in entries:
             response.models.add(**entry)
@@ -282,7 +279,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             for key, value in request.parameters.items()
         ]
         config_json, files = load_parameters(request.model_name, items, files_base64=False)
-        await self._dp.load_model(request.model_name, config_json, files)
+        await self._dp.repository.load_model(request.model_name, config_json, files)
         return service_pb2.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(
@@ -296,7 +293,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             key: getattr(value, value.WhichOneof("parameter_choice") or "bool_param")
             for key, value in request.parameters.items()
         }
-        await self._dp.unload_model(
+        await self._dp.repository.unload_model(
             request.model_name, unload_dependents(request.model_name, params)
         )
         return service_pb2.RepositoryModelUnloadResponse()

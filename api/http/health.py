@@ -16,18 +16,18 @@ router = APIRouter(tags=["health"])
 async def live(request: Request) -> Response:
     """200 while the gateway serves, also while Redis is down (then only readiness
     fails); 400 once it is stopping."""
-    return empty(200 if await dataplane(request).server_live() else 400)
+    return empty(200 if await dataplane(request).health.server_live() else 400)
 
 
 @router.get("/v2/health/ready")
 async def ready(request: Request) -> Response:
     """200 when start-up is done and every model is READY, else 400."""
-    return empty(200 if await dataplane(request).server_ready() else 400)
+    return empty(200 if await dataplane(request).health.server_ready() else 400)
 
 
 async def _model_ready(request: Request, model_name: str, version: int | None) -> Response:
     try:
-        ready = await dataplane(request).model_ready(model_name, version)
+        ready = await dataplane(request).health.model_ready(model_name, version)
     except SluiceError:
         # Triton InferenceServer::ModelIsReady answers an unknown, unloaded or loading
         # model with success and ready=false, which http_server.cc HandleModelReady turns

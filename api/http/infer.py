@@ -21,8 +21,9 @@ import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
-from sluice.api.dataplane import DataPlane, InferResult
+from sluice.api.dataplane import DataPlane
 from sluice.api.errors import client_error
+from sluice.api.handlers.submission import InferResult, Submission
 from sluice.api.http.body import compress, decompress, negotiate_encoding
 from sluice.api.http.header_cache import CachedHeader, HeaderCache
 from sluice.api.http.infer_codec import HttpInferRequest, encode_infer_response, parse_infer_request
@@ -90,7 +91,7 @@ def _header_length(headers: Mapping[bytes, bytes], body: bytes) -> int | None:
 
 
 def _parse(
-    dp: DataPlane,
+    max_body_bytes: int,
     view: ModelView,
     headers: Mapping[bytes, bytes],
     raw_body: bytes,
@@ -107,7 +108,7 @@ def _parse(
     body = decompress(
         raw_body,
         encoding.decode("latin-1") if encoding else None,
-        dp.settings.http.max_body_bytes,
+        max_body_bytes,
     )
     header_length = _header_length(headers, body)
     if cache is not None:
@@ -129,7 +130,7 @@ def _parse(
 
 
 def _submit(
-    dp: DataPlane,
+    sub: Submission,
     request_id: str,
     view: ModelView,
     resolved: int,
@@ -138,16 +139,16 @@ def _submit(
     kept: CachedHeader | None = None,
     waited_ns: int = 0,
 ) -> asyncio.Future[InferResponseMessage]:
-    """Validate and queue a parsed request (:meth:`DataPlane.submit`); a refusal is
+    """Validate and queue a parsed request (:meth:`Submission.submit`); a refusal is
     logged with the request's ids. A request of a kept header that passed the checks
     of this same model view is not checked again; one that passes marks it so.
 
     Raises:
-        SluiceError: as :meth:`DataPlane.submit`.
+        SluiceError: as :meth:`Submission.submit`.
     """
     checked = kept is not None and kept.checked_view is view
     try:
-        future = dp.submit(
+        future = sub.submit(
             request_id,
             view,
             resolved,
@@ -159,7 +160,7 @@ def _submit(
             waited_ns=waited_ns,
         )
     except SluiceError as exc:
-        dp.log_failure(request_id, parsed.client_id, view.name, version, exc)
+        sub.log_failure(request_id, parsed.client_id, view.name, version, exc)
         raise
     if kept is not None and not checked and kept.checkable:
         kept.checked_view = view
@@ -188,7 +189,8 @@ def _encode(
 
 
 async def handle_infer(
-    dp: DataPlane,
+    sub: Submission,
+    max_body_bytes: int,
     request_id: str,
     model: str,
     version: int | None,
@@ -207,19 +209,19 @@ async def handle_infer(
     headers = dict(scope["headers"])
     try:
         started_ns = time.monotonic_ns()
-        view, resolved = await dp.resolve_for_infer(model, version)  # unknown model: 404 first
+        view, resolved = await sub.resolve_for_infer(model, version)  # unknown model: 404 first
         waited_ns = time.monotonic_ns() - started_ns
-        raw = await _read_body(receive, headers, dp.settings.http.max_body_bytes)
-        parsed, _ = _parse(dp, view, headers, raw)
+        raw = await _read_body(receive, headers, max_body_bytes)
+        parsed, _ = _parse(max_body_bytes, view, headers, raw)
     except SluiceError as exc:  # refused before it had ids: one verbose line
-        dp.log_failure(request_id, "", model, version, exc)
+        sub.log_failure(request_id, "", model, version, exc)
         raise
-    future = _submit(dp, request_id, view, resolved, version, parsed, waited_ns=waited_ns)
+    future = _submit(sub, request_id, view, resolved, version, parsed, waited_ns=waited_ns)
     scope[REPLY_SCOPE_KEY] = future
     try:
-        result = dp.result(model, parsed.client_id, await future)
+        result = sub.result(model, parsed.client_id, await future)
     except SluiceError as exc:
-        dp.log_failure(request_id, parsed.client_id, model, version, exc)
+        sub.log_failure(request_id, parsed.client_id, model, version, exc)
         raise
     return _encode(result, parsed, headers)
 
@@ -259,7 +261,9 @@ class InferEndpoint:
 
     def __init__(self, app: ASGIApp, dataplane: DataPlane) -> None:
         self.app = app
-        self.dataplane = dataplane
+        self.submission = dataplane.submission
+        #: the largest accepted request body, in bytes
+        self.max_body_bytes = dataplane.settings.http.max_body_bytes
         #: the task-free path's parsed binary-request headers
         self.headers = HeaderCache()
 
@@ -273,10 +277,10 @@ class InferEndpoint:
             )
             return
         model, version = route
-        request_id = self.dataplane.next_request_id()
+        request_id = self.submission.next_request_id()
         try:
             body, out = await handle_infer(
-                self.dataplane, request_id, model, version, scope, receive
+                self.submission, self.max_body_bytes, request_id, model, version, scope, receive
             )
             await _respond(send, 200, body, out)
         except (Exception, asyncio.CancelledError) as exc:
@@ -299,11 +303,7 @@ class InferEndpoint:
                 length = value
             elif name in (b"transfer-encoding", b"expect"):
                 return None
-        if (
-            length is not None
-            and length.isdigit()
-            and int(length) <= self.dataplane.settings.http.max_body_bytes
-        ):
+        if length is not None and length.isdigit() and int(length) <= self.max_body_bytes:
             return route
         return None
 
@@ -322,20 +322,20 @@ class InferEndpoint:
         """
         scope = cycle.scope
         model, version = route
-        dp = self.dataplane
-        request_id = dp.next_request_id()
+        sub = self.submission
+        request_id = sub.next_request_id()
         try:
             try:
-                cached = dp.cached_view(model, version)
+                cached = sub.cached_view(model, version)
                 if cached is None:
                     fallback()
                     return False
                 headers = dict(scope["headers"])
-                parsed, kept = _parse(dp, cached[0], headers, body, self.headers)
+                parsed, kept = _parse(self.max_body_bytes, cached[0], headers, body, self.headers)
             except SluiceError as exc:  # refused before it had ids: one verbose line
-                dp.log_failure(request_id, "", model, version, exc)
+                sub.log_failure(request_id, "", model, version, exc)
                 raise
-            future = _submit(dp, request_id, cached[0], cached[1], version, parsed, kept)
+            future = _submit(sub, request_id, cached[0], cached[1], version, parsed, kept)
         except Exception as exc:
             status, content = _failure(exc, model)
             write_response(cycle, status, content, _JSON)
@@ -356,15 +356,15 @@ class InferEndpoint:
         headers: Mapping[bytes, bytes],
         future: asyncio.Future[InferResponseMessage],
     ) -> None:
-        dp = self.dataplane
+        sub = self.submission
         try:
-            result = dp.result(model, parsed.client_id, future.result())
+            result = sub.result(model, parsed.client_id, future.result())
             content, out = _encode(result, parsed, headers)
             status = 200
             _OUTAGE.ok()  # an answer came through Redis: an outage logged is over
         except (Exception, asyncio.CancelledError) as exc:  # cancelled: the server exits
             if isinstance(exc, SluiceError):
-                dp.log_failure(request_id, parsed.client_id, model, version, exc)
+                sub.log_failure(request_id, parsed.client_id, model, version, exc)
             status, content = _failure(exc, model)
             out = _JSON
         write_response(cycle, status, content, out)
@@ -376,7 +376,7 @@ _JSON = {"content-type": "application/json"}
 def cancel_unanswered(cycle: Any) -> None:
     """The connection of uvicorn's ``RequestResponseCycle`` was lost: if the cycle's
     infer request is queued and not answered yet, cancel its response future, which takes
-    the request off its stream unless an instance has taken it (:meth:`DataPlane.submit`;
+    the request off its stream unless an instance has taken it (:meth:`Submission.submit`;
     Triton cancels only gRPC requests, its HTTP server does not notice a client that
     went away). Nothing for a cycle that was answered or queued no request.
 

@@ -41,7 +41,7 @@ async def index(request: Request) -> Response:
     ready = body.get("ready", False)
     if not isinstance(ready, bool):
         raise invalid_arg("the 'ready' member of a repository index request must be a boolean")
-    return json_response(await dataplane(request).repository_index(ready))
+    return json_response(await dataplane(request).repository.repository_index(ready))
 
 
 @router.post("/v2/repository/{repository_name}/index")
@@ -56,7 +56,7 @@ async def load(request: Request, model_name: str) -> Response:
     """Load or reload a model (explicit model control mode only)."""
     params = _parameters(await _json_body(request))
     config_json, files = load_parameters(model_name, params.items(), files_base64=True)
-    await dataplane(request).load_model(model_name, config_json, files)
+    await dataplane(request).repository.load_model(model_name, config_json, files)
     return empty()
 
 
@@ -64,7 +64,8 @@ async def load(request: Request, model_name: str) -> Response:
 async def unload(request: Request, model_name: str) -> Response:
     """Unload a model (explicit model control mode only)."""
     params = _parameters(await _json_body(request))
-    await dataplane(request).unload_model(model_name, unload_dependents(model_name, params))
+    dependents = unload_dependents(model_name, params)
+    await dataplane(request).repository.unload_model(model_name, dependents)
     return empty()
 
 

@@ -68,7 +68,7 @@ def test_log_flags_reach_gateway_and_workers(redis_url: str, tmp_path: Path) -> 
         client = httpclient.InferenceServerClient(server.http_url)
         _fail(client, "req-fail-1")
         gateway = _lines(log_file, "client id 'req-fail-1'")
-        assert any(" gateway api.dataplane]" in line for line in gateway), gateway
+        assert any(" gateway sluice.api.handlers.submission]" in line for line in gateway), gateway
         line = next(line for line in gateway if " gateway " in line)
         assert "model 'raiser'" in line and "INVALID_ARG: negative input" in line
         sluice_id = re.search(r"request ([0-9a-f]+-[0-9a-f]+) ", line).group(1)
@@ -109,7 +109,7 @@ def test_log_flags_reach_gateway_and_workers(redis_url: str, tmp_path: Path) -> 
             )  # fmt: skip
             assert refused.status_code in (400, 404)
             found = _lines(log_file, f"(client id '') to model '{path}' version - failed:")
-            assert found and " gateway api.dataplane]" in found[0], path
+            assert found and " gateway sluice.api.handlers.submission]" in found[0], path
         # libraries' info/debug chatter stays out at level 1 (grpcio wrote a line per call)
         import tritonclient.grpc as grpcclient
 

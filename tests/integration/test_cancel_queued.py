@@ -1,5 +1,5 @@
 """Cancelling a queued request against a real Redis: ``Producer.cancel`` (the
-``CANCEL_QUEUED`` script) and :meth:`DataPlane.submit`'s future being cancelled."""
+``CANCEL_QUEUED`` script) and :meth:`Submission.submit`'s future being cancelled."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ async def dataplane(
 
 
 def _submit(dp: DataPlane, view: ModelView, n: int) -> asyncio.Future:
-    return dp.submit(f"r{n}", view, 1, "", _INPUT, (), {})
+    return dp.submission.submit(f"r{n}", view, 1, "", _INPUT, (), {})
 
 
 async def _until(
@@ -158,7 +158,7 @@ async def test_cancelling_the_future_takes_the_request_off_its_stream(
     await dataplane.connection.call("PING")  # ... and it would have run before this answer
     assert await client.xlen(stream) == 1
     assert await _stats(client, stats) == counted
-    assert await dataplane.drop_unanswered() == 1
+    assert await dataplane.queue.drop_unanswered() == 1
 
 
 async def test_cancelled_before_the_xadd_answers(
@@ -181,7 +181,7 @@ async def test_a_request_an_instance_took_still_runs(
     key_prefix: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="sluice.api.dataplane")
+    caplog.set_level(logging.DEBUG, logger="sluice.api.handlers.queueing")
     stream, stats = key_prefix + STREAM, key_prefix + STATS
     await client.xgroup_create(stream, WORKER_GROUP, id="0", mkstream=True)
     future = _submit(dataplane, _view(), 1)

@@ -149,14 +149,14 @@ def test_a_model_published_again_between_the_two_reads_is_served_not_404(
     async def scenario() -> tuple[str, int, str]:
         client = redis.asyncio.Redis.from_url(redis_url, protocol=2)
         settings = GatewaySettings(redis=RedisSettings(url=redis_url, key_prefix=key_prefix))
-        dp = build_dataplane(settings, client)
         store = _RepublishedBetweenReads(client, keys, sync)
-        dp.registry = ModelRegistry(store, settings.model_cache_s)
+        registry = ModelRegistry(store, settings.model_cache_s)
+        submission = build_dataplane(settings, client, registry).submission
         try:
-            view, version = await dp.resolve_for_infer("m", None)
+            view, version = await submission.resolve_for_infer("m", None)
             assert store.republished
             with pytest.raises(SluiceError) as unknown:
-                await dp.resolve_for_infer("ghost", None)
+                await submission.resolve_for_infer("ghost", None)
             return view.name, version, unknown.value.message
         finally:
             await client.aclose()

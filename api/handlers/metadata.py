@@ -1,0 +1,111 @@
+"""Server metadata, model metadata and model configuration; the extensions served and
+the two that are refused (trace, shared memory).
+
+Shapes: docs/reference/http-protocol.md (server and model metadata, model
+configuration); Triton ``src/http_server.cc`` (``HandleServerMetadata``,
+``HandleModelMetadata``, ``HandleModelConfig``).
+
+Two of Triton's extensions are answered without being implemented, over HTTP and
+gRPC alike, and left out of the server metadata's ``extensions`` (only what is
+implemented is advertised):
+
+* trace (``/v2/trace/setting``, ``/v2/models/{m}/trace/setting``, gRPC
+  ``TraceSetting``): refused with :data:`TRACE_UNSUPPORTED` (UNSUPPORTED: HTTP 501, gRPC
+  UNIMPLEMENTED), not with the 404 of a route that does not exist;
+* shared memory (``/v2/systemsharedmemory``, ``/v2/cudasharedmemory``, the gRPC
+  ``*SharedMemory*`` calls): answered as Triton with client shared memory off (its
+  default unless started with ``--allow-client-shm=true``). No region is ever
+  registered, so status answers an empty list (HTTP) or map (gRPC), unregister succeeds
+  with nothing to do, and register is refused with :data:`SHM_DISABLED` (UNSUPPORTED).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sluice.api.models import ModelRegistry, ModelView
+from sluice.api.settings import GatewaySettings
+
+__all__ = ["EXTENSIONS", "SHM_DISABLED", "TRACE_UNSUPPORTED", "Metadata"]
+
+#: extensions this server implements, in Triton's order.
+EXTENSIONS = (
+    "classification",
+    "model_repository",
+    "model_repository(unload_dependents)",  # accepted; no ensembles, so no dependents
+    "schedule_policy",  # the request parameters priority and timeout
+    "model_configuration",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+    "logging",
+)
+
+TRACE_UNSUPPORTED = "trace is not supported by this server"
+
+SHM_DISABLED = (
+    "Client shared memory is disabled: this server does not implement the shared-memory extension"
+)
+
+
+class Metadata:
+    """What the server and its models are.
+
+    Args:
+        settings: the gateway settings (``server_id``).
+        registry: cached model views.
+    """
+
+    def __init__(self, settings: GatewaySettings, registry: ModelRegistry) -> None:
+        self._settings = settings
+        self._registry = registry
+
+    def server_metadata(self) -> dict[str, Any]:
+        """``GET /v2`` body: ``{"name", "version", "extensions"}``."""
+        from sluice import __version__
+
+        return {
+            "name": self._settings.server_id,
+            "version": __version__,
+            "extensions": list(EXTENSIONS),
+        }
+
+    async def model_metadata(self, model: str, version: int | None) -> dict[str, Any]:
+        """``GET /v2/models/{m}[/versions/{v}]`` body: name, READY versions (the one asked
+        for, when a version is), platform, inputs and outputs (``[-1] + dims`` when the
+        model batches).
+
+        Raises:
+            SluiceError: NOT_FOUND / UNAVAILABLE from model resolution.
+        """
+        view, resolved = await self._registry.resolve(model, version)
+        versions = (
+            [str(resolved)] if version is not None else [str(v) for v in view.ready_versions()]
+        )
+
+        def shape(dims: Sequence[int]) -> list[int]:
+            return [-1, *dims] if view.max_batch_size > 0 else list(dims)
+
+        return {
+            "name": view.name,
+            "versions": versions,
+            "platform": view.platform,
+            "inputs": [
+                {"name": s.name, "datatype": s.datatype, "shape": shape(s.dims)}
+                for s in view.inputs.values()
+            ],
+            "outputs": [
+                {"name": s.name, "datatype": s.datatype, "shape": shape(s.dims)}
+                for s in view.outputs.values()
+            ],
+        }
+
+    async def model_config(self, model: str, version: int | None) -> ModelView:
+        """The view whose ``config`` (gRPC) / ``config_json`` (HTTP) a config call returns.
+
+        Raises:
+            SluiceError: NOT_FOUND / UNAVAILABLE from model resolution.
+        """
+        view, _ = await self._registry.resolve(model, version)
+        return view

@@ -1,0 +1,227 @@
+"""Queueing an inference request on its model version's stream, and taking it off again.
+
+A request goes to the stream of its priority level (``broker.scheduling.StreamLayout``)
+with an ``XADD`` through the multiplexed connection (``broker.producer``) and its answer
+comes back on this gateway's reply key (``broker.replies``); the key schema and the path
+of a request are in docs/architecture.md. A request a client gave up on leaves its
+stream if no instance has taken it yet (Triton ``docs/user_guide/request_cancellation.md``;
+docs/reference/model-configuration.md, cancellation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from typing import Any
+
+import redis.asyncio
+
+from sluice.api.handlers.shutdown import Shutdown
+from sluice.api.models import ModelView
+from sluice.broker.codec import CodecError, decode_request
+from sluice.broker.errors import ErrorCode, FailureReason, SluiceError
+from sluice.broker.keys import KeySchema
+from sluice.broker.messages import InferRequestMessage, InferResponseMessage
+from sluice.broker.multiplex import MultiplexedConnection
+from sluice.broker.producer import PAYLOAD_FIELD, QUEUE_FULL, Producer, enqueue_error
+from sluice.broker.replies import ReplyRouter
+from sluice.broker.scheduling import StreamLayout
+from sluice.broker.stats_store import StatsDelta
+
+__all__ = ["RequestQueue"]
+
+logger = logging.getLogger(__name__)
+
+
+class RequestQueue:
+    """The queues of every model version, as this gateway sends to them.
+
+    Args:
+        client: the gateway's Redis client.
+        connection: the multiplexed connection requests are queued through.
+        keys: the deployment's key schema.
+        router: this gateway's reply router (answers come there).
+        shutdown: the gateway's shutdown state.
+        socket_timeout_s: longest wait for Redis to take a cancelled request off, in s.
+    """
+
+    def __init__(
+        self,
+        client: redis.asyncio.Redis,
+        connection: MultiplexedConnection,
+        keys: KeySchema,
+        router: ReplyRouter,
+        shutdown: Shutdown,
+        socket_timeout_s: float,
+    ) -> None:
+        self._redis = client
+        self._connection = connection
+        self._producer = Producer(connection)
+        self._keys = keys
+        self._router = router
+        self._shutdown = shutdown
+        self._socket_timeout_s = socket_timeout_s
+        #: (model, version) -> its stream layout, rebuilt when the view's policy changes
+        self._layouts: dict[tuple[str, int], StreamLayout] = {}
+        #: rejection counts and cancellations being written (kept referenced until done)
+        self._background: set[asyncio.Future[None]] = set()
+
+    def enqueue(
+        self, message: InferRequestMessage, view: ModelView
+    ) -> asyncio.Future[InferResponseMessage]:
+        """Queue ``message`` on its priority level's stream; the future of its answer.
+
+        The ``XADD`` leaves with this event-loop iteration's others. The future fails
+        with ``SluiceError`` UNAVAILABLE when Redis refuses the request (queue full:
+        Triton ``max_queue_size``) or cannot be reached. Cancelling it takes the request
+        off its stream if no instance has taken it yet (:meth:`_cancelled`).
+        """
+        model, resolved = message.model, message.version
+        now_ns = message.enqueued_ns
+        layout = self._layouts.get((model, resolved))
+        if layout is None or layout.policy is not view.policy:
+            layout = StreamLayout(self._keys, model, resolved, view.policy)
+            self._layouts[(model, resolved)] = layout
+        level = layout.level_of(int(message.parameters.get("priority", 0) or 0))
+        max_queue_size = view.policy.queue_policy(level).max_queue_size
+        stream = layout.stream(level)
+        # the XADD leaves at the end of this loop iteration: registered below before any
+        # reply can come; its future keeps the entry id for a cancellation
+        queued = self._producer.submit(stream, message, max_queue_size)
+        future = self._router.expect(
+            message.request_id,
+            message.deadline_ns,
+            functools.partial(self._cancelled, stream, model, resolved, now_ns, queued),
+        )
+        queued.add_done_callback(functools.partial(self._queued, future, model, resolved, now_ns))
+        return future
+
+    def _queued(
+        self,
+        future: asyncio.Future[InferResponseMessage],
+        model: str,
+        version: int,
+        enqueued_ns: int,
+        queued: asyncio.Future[Any],
+    ) -> None:
+        """Redis answered the ``XADD``: a refusal or an unreachable Redis fails the request
+        (a queue-full refusal counts as a failure, reason REJECTED, lasting from the
+        request's arrival until now, as Triton's request statistics)."""
+        if queued.cancelled():
+            error: BaseException = SluiceError(
+                ErrorCode.UNAVAILABLE, "Server exiting: request not queued", model=model
+            )
+        elif (exc := queued.exception()) is None:
+            return
+        else:
+            error = enqueue_error(exc, model)
+        if isinstance(error, SluiceError) and error.message == QUEUE_FULL:
+            request_ns = max(0, time.time_ns() - enqueued_ns)
+            task = asyncio.ensure_future(self._count_rejection(model, version, request_ns))
+            self._background.add(task)
+            task.add_done_callback(self._counted)
+        if not future.done():
+            future.set_exception(error)
+
+    async def _count_rejection(self, model: str, version: int, request_ns: int) -> None:
+        delta = StatsDelta()
+        delta.failure(request_ns=request_ns, reason=FailureReason.REJECTED)
+        key = self._keys.stats(model, version)
+        await self._connection.run_all(
+            [("HINCRBY", key, name, n) for name, n in delta.counts.items()]
+        )
+
+    def _counted(self, task: asyncio.Future[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            logger.warning("could not count a rejected request: %s", exc)
+
+    def _cancelled(
+        self,
+        stream: str,
+        model: str,
+        version: int,
+        enqueued_ns: int,
+        queued: asyncio.Future[Any],
+    ) -> None:
+        """The client cancelled the request (gRPC cancellation or deadline, HTTP connection
+        lost): take it off its stream if no instance has taken it yet (in the background,
+        once the ``XADD`` has answered). Not while the server exits: what is cancelled then
+        is mostly the server's doing (gRPC's grace period, uvicorn's shutdown timeout; a
+        client's own cancellation is not told apart), and :meth:`drop_unanswered` takes
+        what is left, uncounted. Never raises (it runs in a done callback); a failed
+        cancellation is logged (:meth:`_cancel_ended`)."""
+        if self._shutdown.exiting:
+            return
+        if not queued.done():
+            queued.add_done_callback(
+                functools.partial(self._cancelled, stream, model, version, enqueued_ns)
+            )
+            return
+        if queued.cancelled() or queued.exception() is not None:
+            return  # never queued
+        task = asyncio.ensure_future(
+            self._cancel_queued(stream, queued.result(), model, version, enqueued_ns)
+        )
+        self._background.add(task)
+        task.add_done_callback(self._cancel_ended)
+
+    async def _cancel_queued(
+        self, stream: str, entry_id: bytes, model: str, version: int, enqueued_ns: int
+    ) -> None:
+        async with asyncio.timeout(self._socket_timeout_s):
+            taken = await self._producer.cancel(
+                stream,
+                entry_id,
+                self._keys.stats(model, version),
+                time.time_ns() - enqueued_ns,
+            )
+        logger.debug(
+            "cancelled request of model '%s' version %d (entry %s): %s",
+            model,
+            version,
+            entry_id.decode(),
+            "taken off the queue" if taken else "already taken by an instance, it runs",
+        )
+
+    def _cancel_ended(self, task: asyncio.Future[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            logger.warning(
+                "could not take a cancelled request off its queue: %s",
+                "Redis did not answer in time" if isinstance(exc, TimeoutError) else exc,
+            )
+
+    async def drop_unanswered(self) -> int:
+        """At exit, after :meth:`ReplyRouter.stop` answered every waiting client: take this
+        gateway's requests that are still queued off their streams, so no instance runs
+        them later (Triton drops what it has not run when it exits; a later server on the
+        same Redis would otherwise run them and count them). Returns how many it took.
+
+        An instance that already holds one of them still runs it; its answer is dropped.
+
+        Raises:
+            redis.exceptions.RedisError: Redis unreachable.
+        """
+        dropped = 0
+        for layout in list(self._layouts.values()):
+            for stream in layout.streams():
+                ids: list[bytes] = []
+                start: bytes | str = "-"
+                while True:
+                    entries = await self._redis.xrange(stream, min=start, max="+", count=500)
+                    for entry_id, fields in entries:
+                        try:
+                            reply_to = decode_request(fields[PAYLOAD_FIELD]).reply_to
+                        except (CodecError, KeyError):
+                            continue
+                        if reply_to == self._router.reply_key:
+                            ids.append(entry_id)
+                    if len(entries) < 500:
+                        break
+                    start = b"(" + entries[-1][0]
+                if ids:
+                    dropped += int(await self._redis.xdel(stream, *ids))
+        return dropped
