@@ -21,11 +21,11 @@ calls :func:`check_request_parameters`, so both answer with the same texts.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from sluice.broker.datatypes import ELEMENT_SIZES
 from sluice.broker.errors import ErrorCode, SluiceError, invalid_arg
-from sluice.broker.messages import ParameterValue
+from sluice.broker.messages import ParameterValue, RequestedOutput, WireTensor
 
 __all__ = [
     "UInt64",
@@ -34,6 +34,7 @@ __all__ = [
     "duplicate_tensor",
     "extra_input_data",
     "is_uint",
+    "select_outputs",
     "shared_memory_unsupported",
     "value_type_name",
 ]
@@ -173,3 +174,21 @@ def shared_memory_unsupported(kind: str, name: str, model: str) -> SluiceError:
 def extra_input_data(model: str) -> SluiceError:
     """INVALID_ARG for tensor data left over after every input took its share."""
     return invalid_arg(f"unexpected additional input data for model '{model}'", model=model)
+
+
+def select_outputs(
+    outputs: Sequence[WireTensor], requested: Sequence[RequestedOutput]
+) -> list[tuple[WireTensor, RequestedOutput | None]]:
+    """Which outputs a response carries: each output to send, paired with its request
+    (None when the client listed none).
+
+    KServe v2: with no ``outputs`` in the request every output is returned, in the order
+    the model produced them; otherwise the requested ones, in request order. A requested
+    output the model did not produce is left out, not an error: Triton's front ends
+    write the outputs a response holds (a Python model may answer without some), and
+    tritonclient's ``as_numpy`` then gives None for it.
+    """
+    if not requested:
+        return [(tensor, None) for tensor in outputs]
+    by_name = {tensor.name: tensor for tensor in outputs}
+    return [(by_name[w.name], w) for w in requested if w.name in by_name]

@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2
 
-from sluice.api.outputs import select_outputs
 from sluice.api.parameters import (
     UInt64,
     check_datatype,
@@ -33,6 +32,7 @@ from sluice.api.parameters import (
     duplicate_tensor,
     extra_input_data,
     is_uint,
+    select_outputs,
     shared_memory_unsupported,
 )
 from sluice.broker.datatypes import NUMPY_DTYPES, serialize_bytes

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from sluice.api.http.infer_codec import BinaryLayout, HttpInferRequest, parse_with_layout
+from sluice.api.http.infer_request import BinaryLayout, HttpInferRequest, parse_with_layout
 from sluice.broker.request_checks import TensorSpec
 
 __all__ = ["CachedHeader", "HeaderCache"]
@@ -67,7 +67,7 @@ class HeaderCache:
         config_inputs: Collection[TensorSpec] = (),
         max_batch_size: int = 0,
     ) -> tuple[HttpInferRequest, CachedHeader | None]:
-        """Parse ``body`` as :func:`api.http.infer_codec.parse_infer_request` does; the
+        """Parse ``body`` as :func:`api.http.infer_request.parse_infer_request` does; the
         kept header of a binary-only request (None for any other).
 
         Raises:

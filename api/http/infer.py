@@ -26,7 +26,8 @@ from sluice.api.errors import client_error
 from sluice.api.handlers.submission import InferResult, Submission
 from sluice.api.http.body import compress, decompress, negotiate_encoding
 from sluice.api.http.header_cache import CachedHeader, HeaderCache
-from sluice.api.http.infer_codec import HttpInferRequest, encode_infer_response, parse_infer_request
+from sluice.api.http.infer_request import HttpInferRequest, parse_infer_request
+from sluice.api.http.infer_response import encode_infer_response
 from sluice.api.models import ModelView
 from sluice.broker.errors import SluiceError, invalid_arg
 from sluice.broker.messages import InferResponseMessage

@@ -10,7 +10,7 @@ import tritonclient.http as httpclient
 from e2e_support import tritonclient_body
 
 from sluice.api.http.header_cache import HeaderCache
-from sluice.api.http.infer_codec import parse_infer_request
+from sluice.api.http.infer_request import parse_infer_request
 from sluice.broker.errors import SluiceError
 
 MODEL = "m"

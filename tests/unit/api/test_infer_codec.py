@@ -1,4 +1,4 @@
-"""Unit tests for api.http.infer_codec: HTTP inference bodies in and out."""
+"""HTTP inference bodies in and out: api.http.infer_request, infer_response and json_tensors."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 import tritonclient.http as httpclient
 from e2e_support import tritonclient_body
 
-from sluice.api.http.infer_codec import HttpInferRequest, encode_infer_response, parse_infer_request
+from sluice.api.http.infer_request import HttpInferRequest, parse_infer_request
+from sluice.api.http.infer_response import encode_infer_response
 from sluice.broker.datatypes import serialize_bytes, to_numpy
 from sluice.broker.errors import ErrorCode, SluiceError
 from sluice.broker.messages import RequestedOutput, WireTensor
@@ -191,7 +192,8 @@ def test_bytes_json_empty_strings_and_utf8() -> None:
 
 
 def test_binary_chunks_in_input_order_mixed_with_json() -> None:
-    """The PROTOCOL.md 3.3 capture: FP32 [1,4] + BYTES [2] binary, plus one JSON input."""
+    """A captured tritonclient body (docs/reference/http-protocol.md, binary tensor data):
+    FP32 [1,4] + BYTES [2] binary, plus one JSON input."""
     fp32 = np.array([[1, 2, 3, 4]], dtype=np.float32)
     strings = np.array([b"ab", b"xyz"], dtype=object)
     body, length = _client_body(

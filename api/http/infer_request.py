@@ -1,29 +1,26 @@
-"""HTTP inference bodies: JSON + binary tensor data in, JSON + binary tensor data out.
+"""HTTP inference requests: the JSON header, binary tensor data after it, raw bodies.
 
-Pure functions, no I/O. Request side follows Triton ``http_server.cc``
-(``HTTPAPIServer::InferRequestClass`` / ``ReadDataFromJson``), response side
-``WriteDataToJson`` and the binary tensor data extension
-(``reference/PROTOCOL.md`` sections 2 and 3). Tensors leave and enter in the
-wire layout of :class:`broker.messages.WireTensor` (raw little-endian bytes;
-BYTES as 4-byte length-prefixed elements), so nothing is re-encoded later.
+Pure functions, no I/O. Rules and Triton's texts: docs/reference/http-protocol.md
+(inference request, binary tensor data extension); Triton ``src/http_server.cc``
+(``HTTPAPIServer::InferRequestClass``, ``ReadDataFromJson``). Inputs come out in the wire
+layout of :class:`broker.messages.WireTensor` (raw little-endian bytes; ``BYTES`` as
+4-byte length-prefixed elements), so nothing is re-encoded later.
 
 Triton reports JSON member/type problems as INTERNAL (500); Sluice answers them
-INVALID_ARG (400), keeping Triton's message text (PROTOCOL.md 1.14, 2.1).
+INVALID_ARG (400), keeping Triton's message text (docs/reference/errors.md).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
 
-import numpy as np
 import orjson
 import rapidjson
 
-from sluice.api.outputs import select_outputs
+from sluice.api.http.json_tensors import NOT_BOOL, NOT_STRING, NOT_UINT, json_to_wire, unable
 from sluice.api.parameters import (
     check_datatype,
     check_request_parameters,
@@ -32,48 +29,21 @@ from sluice.api.parameters import (
     is_uint,
     shared_memory_unsupported,
 )
-from sluice.broker.datatypes import (
-    ELEMENT_SIZES,
-    NUMPY_DTYPES,
-    deserialize_bytes,
-    element_count,
-    serialize_bytes,
-)
-from sluice.broker.errors import ErrorCode, SluiceError, invalid_arg
+from sluice.broker.datatypes import ELEMENT_SIZES, serialize_bytes
+from sluice.broker.errors import invalid_arg
 from sluice.broker.messages import ParameterValue, RequestedOutput, WireTensor
 from sluice.broker.request_checks import TensorSpec, negative_shape
 
-__all__ = [
-    "BinaryLayout",
-    "HttpInferRequest",
-    "encode_infer_response",
-    "parse_infer_request",
-    "parse_with_layout",
-]
+__all__ = ["BinaryLayout", "HttpInferRequest", "parse_infer_request", "parse_with_layout"]
 
 #: python-rapidjson's parse error text: offset, then rapidjson's reason
 _RAPIDJSON_ERROR = re.compile(r"Parse error at offset (\d+): (.*)", re.DOTALL)
-
-#: Triton's limit on the nesting of a JSON ``data`` array (a flat list is depth 1).
-MAX_DATA_DEPTH = 100
-
-HEADER_LENGTH_HEADER = "Inference-Header-Content-Length"
 
 _SHM_PARAMS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
 _ONE_OF_MESSAGE = (
     "Input must set only one of the following fields: 'data', 'binary_data_size' in "
     "'parameters', 'shared_memory_region' in 'parameters'"
 )
-# TritonJson's type-mismatch texts, per target kind.
-_NOT_BOOL = "attempt to access JSON non-boolean as boolean"
-_NOT_INT = "attempt to access JSON non-signed-integer as signed-integer"
-_NOT_UINT = "attempt to access JSON non-unsigned-integer as unsigned-integer"
-_NOT_NUMBER = "attempt to access JSON non-number as number"
-_NOT_STRING = "attempt to access JSON non-string as string"
-_SHAPE_MISMATCH = "shape does not match true shape of 'data' field"
-
-_INT_TYPES = frozenset({int})
-_NUMBER_TYPES = frozenset({int, float})
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,9 +65,6 @@ class HttpInferRequest:
     outputs: tuple[RequestedOutput, ...]
     parameters: dict[str, ParameterValue]
     binary_data_output: bool
-
-
-# --------------------------------------------------------------------------- request
 
 
 def parse_infer_request(
@@ -211,7 +178,7 @@ def parse_with_layout(
 
     client_id = document.get("id", "")
     if not isinstance(client_id, str):
-        raise invalid_arg(f"Unable to parse 'id' for model '{model}': {_NOT_STRING}", model=model)
+        raise invalid_arg(f"Unable to parse 'id' for model '{model}': {NOT_STRING}", model=model)
 
     parameters, binary_data_output = _parse_request_parameters(document.get("parameters"), model)
     inputs, sizes = _parse_inputs(document.get("inputs"), view, header_length, model)
@@ -376,7 +343,7 @@ def _parse_inputs(
         name = item.get("name")
         if not isinstance(name, str):
             raise invalid_arg(
-                f"Unable to parse 'name' for an input of model '{model}': {_NOT_STRING}",
+                f"Unable to parse 'name' for an input of model '{model}': {NOT_STRING}",
                 model=model,
             )
         if name in seen:
@@ -385,12 +352,12 @@ def _parse_inputs(
         shape = _parse_shape(item.get("shape"), name, model)
         datatype = item.get("datatype")
         if not isinstance(datatype, str):
-            raise _unable("datatype", name, model, _NOT_STRING)
+            raise unable("datatype", name, model, NOT_STRING)
         check_datatype(datatype, name, model)
 
         params = item.get("parameters", {})
         if not isinstance(params, dict):
-            raise _unable("parameters", name, model, "expected a JSON object")
+            raise unable("parameters", name, model, "expected a JSON object")
         has_data = "data" in item
         has_binary = "binary_data_size" in params
         has_shm = "shared_memory_region" in params
@@ -403,7 +370,7 @@ def _parse_inputs(
         if has_binary:
             size = params["binary_data_size"]
             if not is_uint(size):
-                raise _unable("binary_data_size", name, model, _NOT_UINT)
+                raise unable("binary_data_size", name, model, NOT_UINT)
             available = len(view) - offset
             if size > available:
                 raise invalid_arg(
@@ -417,7 +384,7 @@ def _parse_inputs(
             if sizes is not None:
                 sizes.append(size)
         else:
-            data = _json_data_to_wire(item["data"], datatype, shape, name, model)
+            data = json_to_wire(item["data"], datatype, shape, name, model)
             sizes = None
         tensors.append(WireTensor(name=name, datatype=datatype, shape=shape, data=data))
     if offset != len(view):
@@ -452,7 +419,7 @@ def _parse_outputs(
         name = item.get("name")
         if not isinstance(name, str):
             raise invalid_arg(
-                f"Unable to parse 'name' for an output of model '{model}': {_NOT_STRING}",
+                f"Unable to parse 'name' for an output of model '{model}': {NOT_STRING}",
                 model=model,
             )
         if name in seen:
@@ -460,240 +427,14 @@ def _parse_outputs(
         seen.add(name)
         params = item.get("parameters", {})
         if not isinstance(params, dict):
-            raise _unable("parameters", name, model, "expected a JSON object", kind="output")
+            raise unable("parameters", name, model, "expected a JSON object", kind="output")
         if any(key in params for key in _SHM_PARAMS):
             raise shared_memory_unsupported("output", name, model)
         binary = params.get("binary_data", binary_data_output)
         if not isinstance(binary, bool):
-            raise _unable("binary_data", name, model, _NOT_BOOL, kind="output")
+            raise unable("binary_data", name, model, NOT_BOOL, kind="output")
         class_count = params.get("classification", 0)
         if not is_uint(class_count):
-            raise _unable("classification", name, model, _NOT_UINT, kind="output")
+            raise unable("classification", name, model, NOT_UINT, kind="output")
         outputs.append(RequestedOutput(name=name, binary=binary, class_count=class_count))
     return tuple(outputs)
-
-
-def _json_data_to_wire(
-    raw: object, datatype: str, shape: tuple[int, ...], name: str, model: str
-) -> bytes:
-    """Convert a JSON ``data`` member (flat or nested) to wire bytes (PROTOCOL.md 2.1/2.2).
-
-    Only the total element count must equal the product of ``shape``; the
-    nesting need not mirror it. Integers out of range of a narrower type are
-    truncated as Triton's C casts do.
-    """
-    count = element_count(shape)
-    if count == 0:  # zero-element tensor: Triton ignores 'data'
-        return b""
-    if datatype in ("FP16", "BF16"):
-        raise invalid_arg(
-            f"receiving {datatype} data via JSON is not supported. Please use the binary "
-            f"data format for input '{name}' of model '{model}'",
-            model=model,
-            tensor=name,
-        )
-    if isinstance(raw, list):
-        flat, types = _flatten(raw, 1, name, model)
-    else:  # a lone scalar is one element, as in Triton's recursive reader
-        flat, types = [raw], {type(raw)}
-    if len(flat) != count:
-        raise _unable("data", name, model, _SHAPE_MISMATCH)
-
-    if datatype == "BYTES":
-        if not types <= {str}:
-            raise _unable("data", name, model, _NOT_STRING)
-        return serialize_bytes(flat)
-    if datatype == "BOOL":
-        if not types <= {bool}:
-            raise _unable("data", name, model, _NOT_BOOL)
-        return np.array(flat, dtype=np.bool_).tobytes()
-    target = NUMPY_DTYPES[datatype]
-    if target.kind == "f":
-        if not types <= _NUMBER_TYPES:
-            raise _unable("data", name, model, _NOT_NUMBER)
-        with np.errstate(over="ignore"):  # out of range is ±inf, as a C cast gives Triton
-            return np.array(flat, dtype=np.float64).astype(target).tobytes()
-    if target.kind == "i":
-        if not types <= _INT_TYPES:
-            raise _unable("data", name, model, _NOT_INT)
-        try:
-            values = np.array(flat, dtype=np.int64)
-        except OverflowError:
-            raise _unable("data", name, model, _NOT_INT) from None
-        return values.astype(target).tobytes()
-    # unsigned
-    if not types <= _INT_TYPES:
-        raise _unable("data", name, model, _NOT_UINT)
-    try:
-        values = np.array(flat, dtype=np.int64)
-        if values.min() < 0:
-            raise _unable("data", name, model, _NOT_UINT)
-    except OverflowError:  # some value >= 2**63: only uint64 holds it
-        try:
-            values = np.array(flat, dtype=np.uint64)
-        except OverflowError:
-            raise _unable("data", name, model, _NOT_UINT) from None
-    return values.astype(target).tobytes()
-
-
-def _flatten(data: list[Any], depth: int, name: str, model: str) -> tuple[list[Any], set[type]]:
-    """Flatten nested lists row-major; also return the set of leaf types.
-
-    A flat list costs one C-level pass (``set(map(type, ...))``).
-    """
-    if depth > MAX_DATA_DEPTH:
-        raise invalid_arg(
-            f"JSON nesting depth exceeds maximum allowed limit ({MAX_DATA_DEPTH}) "
-            f"in 'data' of input '{name}' of model '{model}'",
-            model=model,
-            tensor=name,
-        )
-    types = set(map(type, data))
-    if list not in types:
-        return data, types
-    flat: list[Any] = []
-    leaf_types: set[type] = set()
-    for item in data:
-        if type(item) is list:
-            sub, sub_types = _flatten(item, depth + 1, name, model)
-            flat.extend(sub)
-            leaf_types |= sub_types
-        else:
-            flat.append(item)
-            leaf_types.add(type(item))
-    return flat, leaf_types
-
-
-def _unable(member: str, name: str, model: str, reason: str, *, kind: str = "input") -> SluiceError:
-    return invalid_arg(
-        f"Unable to parse '{member}' for {kind} '{name}' of model '{model}': {reason}",
-        model=model,
-        tensor=name,
-    )
-
-
-# -------------------------------------------------------------------------- response
-
-
-def encode_infer_response(
-    *,
-    model: str,
-    version: str,
-    client_id: str,
-    outputs: Sequence[WireTensor],
-    requested: Sequence[RequestedOutput],
-    binary_data_output: bool,
-    parameters: Mapping[str, Any] | None = None,
-) -> tuple[bytes, dict[str, str]]:
-    """Build an HTTP inference response body (PROTOCOL.md 2.4, 3.1, 3.2).
-
-    Args:
-        model: model name (``model_name``).
-        version: model version that ran it (``model_version``, a string).
-        client_id: the request's ``id``; echoed only when non-empty.
-        outputs: tensors the model produced, wire layout.
-        requested: the request's ``outputs``; empty = every entry of ``outputs``
-            in that order, each encoded per ``binary_data_output``. Otherwise
-            only these, in this order, each per its ``binary`` flag. The caller
-            guarantees each name is in ``outputs``.
-        binary_data_output: the request-level default encoding.
-        parameters: response parameters; the member is left out when empty.
-
-    Returns:
-        ``(body, headers)``. With at least one binary output the body is the
-        JSON followed by the binary chunks in output order and the headers
-        carry ``Inference-Header-Content-Length`` and
-        ``Content-Type: application/octet-stream``; otherwise the body is JSON
-        and ``Content-Type`` is ``application/json``. JSON floats that are NaN
-        or infinite are written ``NaN``, ``Infinity`` and ``-Infinity``, as Triton
-        writes them (triton common ``TritonJson::Write``, rapidjson's
-        ``kWriteNanAndInfFlag``); tritonclient reads them back.
-
-    Raises:
-        SluiceError: INVALID_ARG for FP16/BF16 or non-UTF-8 BYTES asked for as
-            JSON; INTERNAL when a tensor's bytes do not fit its shape or a
-            requested output is missing.
-    """
-    selected = [
-        (tensor, binary_data_output if wanted is None else wanted.binary)
-        for tensor, wanted in select_outputs(outputs, requested)
-    ]
-
-    response: dict[str, Any] = {"model_name": model, "model_version": version}
-    if client_id:
-        response["id"] = client_id
-    if parameters:
-        response["parameters"] = dict(parameters)
-    json_outputs: list[dict[str, Any]] = []
-    chunks: list[bytes] = []
-    for tensor, binary in selected:
-        entry: dict[str, Any] = {
-            "name": tensor.name,
-            "datatype": tensor.datatype,
-            "shape": list(tensor.shape),
-        }
-        if binary:
-            entry["parameters"] = {"binary_data_size": len(tensor.data)}
-            chunks.append(tensor.data)
-        else:
-            entry["data"] = _wire_to_json_data(tensor, model)
-        json_outputs.append(entry)
-    response["outputs"] = json_outputs
-
-    header = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
-    if not any(binary for _, binary in selected):
-        return header, {"Content-Type": "application/json"}
-    headers = {
-        HEADER_LENGTH_HEADER: str(len(header)),
-        "Content-Type": "application/octet-stream",
-    }
-    return b"".join([header, *chunks]), headers
-
-
-def _wire_to_json_data(tensor: WireTensor, model: str) -> Any:
-    """One output's flat JSON ``data``: a numpy array (orjson writes it) or a list of str."""
-    name, datatype = tensor.name, tensor.datatype
-    count = element_count(tensor.shape)
-    if datatype in ("FP16", "BF16"):
-        raise invalid_arg(
-            f"sending {datatype} data via JSON is not supported. Please use the binary data "
-            f"format for output '{name}' of model '{model}'",
-            model=model,
-            tensor=name,
-        )
-    if datatype == "BYTES":
-        try:
-            items = deserialize_bytes(tensor.data, count)
-        except ValueError as exc:
-            raise _size_mismatch(name, model, str(exc)) from None
-        try:
-            return [item.decode("utf-8") for item in items]
-        except UnicodeDecodeError:
-            raise invalid_arg(
-                f"output '{name}' of model '{model}' holds bytes that are not valid UTF-8; "
-                "ask for it in binary",
-                model=model,
-                tensor=name,
-            ) from None
-    expected = count * ELEMENT_SIZES[datatype]
-    if len(tensor.data) != expected:
-        raise _size_mismatch(name, model, f"{len(tensor.data)} bytes, expected {expected}")
-    if datatype == "BOOL":
-        return np.frombuffer(tensor.data, dtype=np.uint8) != 0
-    dtype = NUMPY_DTYPES[datatype]
-    # orjson serializes native-endian numpy arrays only.
-    array = np.frombuffer(tensor.data, dtype=dtype).astype(dtype.newbyteorder("="), copy=False)
-    if dtype.kind == "f" and not np.isfinite(array).all():
-        # orjson would write null; Triton writes NaN / Infinity / -Infinity
-        return orjson.Fragment(rapidjson.dumps(array.tolist(), number_mode=rapidjson.NM_NAN))
-    return array
-
-
-def _size_mismatch(name: str, model: str, detail: str) -> SluiceError:
-    return SluiceError(
-        ErrorCode.INTERNAL,
-        f"output tensor shape does not match size of output for '{name}' of model "
-        f"'{model}': {detail}",
-        model=model,
-        tensor=name,
-    )

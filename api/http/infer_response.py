@@ -1,0 +1,96 @@
+"""HTTP inference responses: JSON outputs, or a JSON header and binary tensor data.
+
+Pure functions, no I/O. Rules: docs/reference/http-protocol.md (inference response,
+binary tensor data extension); Triton ``src/http_server.cc`` (``WriteDataToJson``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from sluice.api.http.json_tensors import wire_to_json
+from sluice.api.parameters import select_outputs
+from sluice.broker.messages import RequestedOutput, WireTensor
+
+__all__ = ["HEADER_LENGTH_HEADER", "encode_infer_response"]
+
+#: the header giving the JSON header's length when binary tensor data follows it.
+HEADER_LENGTH_HEADER = "Inference-Header-Content-Length"
+
+
+def encode_infer_response(
+    *,
+    model: str,
+    version: str,
+    client_id: str,
+    outputs: Sequence[WireTensor],
+    requested: Sequence[RequestedOutput],
+    binary_data_output: bool,
+    parameters: Mapping[str, Any] | None = None,
+) -> tuple[bytes, dict[str, str]]:
+    """Build an HTTP inference response body (PROTOCOL.md 2.4, 3.1, 3.2).
+
+    Args:
+        model: model name (``model_name``).
+        version: model version that ran it (``model_version``, a string).
+        client_id: the request's ``id``; echoed only when non-empty.
+        outputs: tensors the model produced, wire layout.
+        requested: the request's ``outputs``; empty = every entry of ``outputs``
+            in that order, each encoded per ``binary_data_output``. Otherwise
+            only these, in this order, each per its ``binary`` flag. The caller
+            guarantees each name is in ``outputs``.
+        binary_data_output: the request-level default encoding.
+        parameters: response parameters; the member is left out when empty.
+
+    Returns:
+        ``(body, headers)``. With at least one binary output the body is the
+        JSON followed by the binary chunks in output order and the headers
+        carry ``Inference-Header-Content-Length`` and
+        ``Content-Type: application/octet-stream``; otherwise the body is JSON
+        and ``Content-Type`` is ``application/json``. JSON floats that are NaN
+        or infinite are written ``NaN``, ``Infinity`` and ``-Infinity``, as Triton
+        writes them (triton common ``TritonJson::Write``, rapidjson's
+        ``kWriteNanAndInfFlag``); tritonclient reads them back.
+
+    Raises:
+        SluiceError: INVALID_ARG for FP16/BF16 or non-UTF-8 BYTES asked for as
+            JSON; INTERNAL when a tensor's bytes do not fit its shape or a
+            requested output is missing.
+    """
+    selected = [
+        (tensor, binary_data_output if wanted is None else wanted.binary)
+        for tensor, wanted in select_outputs(outputs, requested)
+    ]
+
+    response: dict[str, Any] = {"model_name": model, "model_version": version}
+    if client_id:
+        response["id"] = client_id
+    if parameters:
+        response["parameters"] = dict(parameters)
+    json_outputs: list[dict[str, Any]] = []
+    chunks: list[bytes] = []
+    for tensor, binary in selected:
+        entry: dict[str, Any] = {
+            "name": tensor.name,
+            "datatype": tensor.datatype,
+            "shape": list(tensor.shape),
+        }
+        if binary:
+            entry["parameters"] = {"binary_data_size": len(tensor.data)}
+            chunks.append(tensor.data)
+        else:
+            entry["data"] = wire_to_json(tensor, model)
+        json_outputs.append(entry)
+    response["outputs"] = json_outputs
+
+    header = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not any(binary for _, binary in selected):
+        return header, {"Content-Type": "application/json"}
+    headers = {
+        HEADER_LENGTH_HEADER: str(len(header)),
+        "Content-Type": "application/octet-stream",
+    }
+    return b"".join([header, *chunks]), headers
