@@ -18,7 +18,7 @@ from sluice.broker.errors import ErrorCode, SluiceError
 #: Triton ``backend`` name -> "module:attribute" of a class implementing ``Backend``.
 BACKENDS: dict[str, str] = {
     "onnxruntime": "sluice.gpu_workers.backends.onnxruntime:OnnxRuntimeBackend",
-    "python": "sluice.gpu_workers.backends.python:PythonBackend",
+    "python": "sluice.gpu_workers.backends.python.backend:PythonBackend",
     "pytorch": "sluice.gpu_workers.backends.torch:TorchBackend",
     "tensorrt": "sluice.gpu_workers.backends.tensorrt:TensorRTBackend",
 }

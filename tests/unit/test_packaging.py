@@ -108,8 +108,8 @@ except ImportError:
     pass
 else:
     raise SystemExit("triton_python_backend_utils is importable on its own")
-import sluice.gpu_workers.backends.python
-from sluice.gpu_workers.backends import pb_utils
+import sluice.gpu_workers.backends.python.backend
+from sluice.gpu_workers.backends.python import pb_utils
 spec = importlib.util.spec_from_file_location("user_model", {str(model)!r})
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)

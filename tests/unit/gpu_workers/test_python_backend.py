@@ -1,4 +1,5 @@
-"""sluice.gpu_workers.backends.python: Triton model.py files run unchanged (PROTOCOL.md 8)."""
+"""sluice.gpu_workers.backends.python: Triton model.py files run unchanged
+(docs/reference/python-backend.md)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,16 @@ import numpy as np
 import pytest
 from tritonclient.grpc.model_config_pb2 import DataType
 
-from sluice.gpu_workers.backends import pb_utils, registry
+from sluice.gpu_workers.backends import registry
 from sluice.gpu_workers.backends.base import (
     InferError,
     InferRequest,
     InferResponse,
     InstanceContext,
 )
-from sluice.gpu_workers.backends.python import PythonBackend
+from sluice.gpu_workers.backends.python import pb_utils
+from sluice.gpu_workers.backends.python.backend import PythonBackend
+from sluice.gpu_workers.backends.python.pb_utils import bls
 from sluice.repository import ConfigError, ModelSource, load_model_config
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets" / "python_models"
@@ -482,7 +485,7 @@ def test_bls_hook_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
         seen.append(request.model_name())
         return pb_utils.InferenceResponse([pb_utils.Tensor("O", np.ones(1, np.float32))])
 
-    monkeypatch.setattr(pb_utils, "_bls_executor", executor)
+    monkeypatch.setattr(bls, "executor", executor)
     response = pb_utils.InferenceRequest(
         model_name="other", inputs=[], requested_output_names=["O"]
     ).exec()

@@ -1,11 +1,11 @@
 """Triton's Python backend (``backend: "python"``): runs a ``model.py`` unchanged.
 
 The model file defines ``TritonPythonModel`` written against
-``triton_python_backend_utils`` (PROTOCOL.md 8; Triton python_backend README).
-Sluice imports it in the worker process itself (Triton uses a stub process;
+``triton_python_backend_utils`` (docs/reference/python-backend.md; Triton python_backend
+README). Sluice imports it in the worker process itself (Triton uses a stub process;
 there is no ``EXECUTION_ENV_PATH`` support yet), hands ``execute`` the whole
 list of requests of one call as Triton does, and converts the answers to
-:class:`InferResponse` / :class:`InferError`.
+:class:`InferResponse` / :class:`InferError` (:mod:`.conversion`).
 """
 
 from __future__ import annotations
@@ -24,12 +24,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import numpy as np
 from google.protobuf import json_format
-from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
+from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from sluice.broker.datatypes import NUMPY_DTYPES, numpy_to_protocol
-from sluice.gpu_workers.backends import pb_utils
 from sluice.gpu_workers.backends.base import (
     InferError,
     InferRequest,
@@ -37,29 +34,17 @@ from sluice.gpu_workers.backends.base import (
     InstanceContext,
     ModelCodeError,
 )
+from sluice.gpu_workers.backends.python import pb_utils
+from sluice.gpu_workers.backends.python.conversion import (
+    OutputSpec,
+    from_pb_response,
+    to_pb_request,
+)
 from sluice.repository.render import config_to_json
 
-__all__ = ["PythonBackend", "from_pb_response", "to_pb_request"]
+__all__ = ["PythonBackend"]
 
 logger = logging.getLogger(__name__)
-
-# A Triton model.py does ``import triton_python_backend_utils as pb_utils``; Triton's stub
-# process injects that module, Sluice provides it from inside its own package.
-sys.modules.setdefault("triton_python_backend_utils", pb_utils)
-
-#: Request parameters with a meaning for Triton itself (PROTOCOL.md 2.3); the
-#: model's ``parameters()`` holds only the other (custom) ones.
-RESERVED_PARAMETERS = frozenset(
-    {
-        "sequence_id",
-        "sequence_start",
-        "sequence_end",
-        "priority",
-        "timeout",
-        "binary_data_output",
-        "headers",
-    }
-)
 
 _DEFAULT_FILE = "model.py"
 _module_counter = itertools.count()
@@ -122,208 +107,21 @@ def _check_supported(config: ModelConfig) -> None:
         )
 
 
-def _int_or_str(value: Any) -> int | str:
-    """``sequence_id`` is an unsigned integer or a string (PROTOCOL.md 2.3)."""
-    if isinstance(value, int):
-        return int(value)
-    return str(value)
-
-
-def _writable(array: np.ndarray) -> np.ndarray:
-    """Python-backend inputs are writable under Triton; wire buffers here are not."""
-    return array if array.flags.writeable else array.copy()
-
-
-def to_pb_request(
-    request: InferRequest,
-    *,
-    output_names: Sequence[str] = (),
-    input_reshape: dict[str, tuple[int, ...]] | None = None,
-    batching: bool = False,
-) -> pb_utils.InferenceRequest:
-    """Our request -> ``pb_utils.InferenceRequest`` as Triton builds it.
-
-    ``correlation_id`` comes from ``sequence_id`` (0 when absent), ``flags``
-    from ``sequence_start``/``sequence_end``, ``parameters()`` holds the
-    custom parameters only, and ``requested_output_names()`` lists every
-    configured output when the client named none (Triton core
-    ``InferenceRequest::Normalize``). Config ``reshape`` is applied to inputs.
-
-    Args:
-        request: The request.
-        output_names: The config's output names.
-        input_reshape: Input name -> ``reshape.shape`` for inputs with a reshape.
-        batching: Whether the model batches (first dim is the batch).
-    """
-    params = request.parameters
-    flags = 0
-    if params.get("sequence_start"):
-        flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
-    if params.get("sequence_end"):
-        flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
-    custom = {
-        k: v
-        for k, v in params.items()
-        if k not in RESERVED_PARAMETERS and not k.startswith("triton_")
-    }
-    reshape = input_reshape or {}
-    tensors = []
-    for name, array in request.inputs.items():
-        target = reshape.get(name)
-        if target is not None:
-            array = array.reshape((array.shape[0], *target) if batching else target)
-        tensors.append(pb_utils.Tensor(name, _writable(array)))
-    return pb_utils.InferenceRequest(
-        inputs=tensors,
-        requested_output_names=list(request.requested_outputs or output_names),
-        flags=flags,
-        request_id=request.client_id,
-        correlation_id=_int_or_str(params.get("sequence_id", 0)),
-        timeout=int(params.get("timeout", 0) or 0),
-        parameters=custom,
-    )
-
-
-def _to_config_dtype(array: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
-    """``array`` as the config's ``dtype``, or None when that would change its values.
-
-    A float array converts to a float type as numpy converts it (FP64 to FP32 or FP16:
-    rounding to the narrower float is what the config's type means), unless a finite
-    value would overflow to inf (``70000`` as FP16, ``1e300`` as FP32); BOOL converts to
-    anything. Any other conversion (integer to float, float to integer or BOOL, integer to a
-    narrower or unsigned integer) is made only when every value is equal after it:
-    ``-1`` or ``300`` as UINT8, ``2.7`` as INT32, ``2`` as BOOL or ``2**40 + 1`` as FP32
-    would be silently different numbers. Triton's python_backend sends the model's own
-    datatype instead of the config's (python_backend ``InferResponse::Send``); Sluice
-    answers with the type the model metadata declares.
-    """
-    with np.errstate(invalid="ignore", over="ignore"):
-        converted = array.astype(dtype)
-        if array.dtype.kind == "b":
-            return converted
-        if array.dtype.kind == "f" and dtype.kind == "f":
-            overflowed = np.isinf(converted) & np.isfinite(array)
-            return None if overflowed.any() else converted
-        return converted if np.array_equal(converted, array) else None
-
-
-def _as_bytes_array(array: np.ndarray) -> np.ndarray:
-    """Any BYTES-like array -> ``object`` array of ``bytes`` (``str`` encoded as UTF-8)."""
-    if array.dtype == object and all(isinstance(v, bytes) for v in array.flat):
-        return array
-    flat = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in array.ravel()]
-    out = np.empty(len(flat), dtype=object)
-    out[:] = flat
-    return out.reshape(array.shape)
-
-
-class _OutputSpec:
-    """What the config says about one output."""
-
-    __slots__ = ("bytes", "dims", "dtype", "name", "reshaped")
-
-    def __init__(self, name: str, data_type: int, dims: tuple[int, ...], reshaped: bool) -> None:
-        self.name = name
-        type_name = DataType.Name(data_type)
-        self.bytes = type_name == "TYPE_STRING"
-        numpy_type = None if self.bytes else pb_utils.triton_to_numpy_type(type_name)
-        if type_name == "TYPE_BF16":  # ml_dtypes' bfloat16, the wire type (None without it)
-            numpy_type = NUMPY_DTYPES.get("BF16")
-        self.dtype: np.dtype | None = None if numpy_type is None else np.dtype(numpy_type)
-        self.dims = dims
-        self.reshaped = reshaped
-
-
-def from_pb_response(
-    response: Any,
-    request: pb_utils.InferenceRequest,
-    outputs: dict[str, _OutputSpec],
-    *,
-    model: str,
-    batching: bool,
-) -> InferResponse | InferError:
-    """``pb_utils.InferenceResponse`` -> our answer for one request.
-
-    An attached ``TritonError`` becomes :class:`InferError` with its code name.
-    Outputs the request did not ask for (every configured output when it named none)
-    are dropped before anything else, an output the config does not declare
-    included, and a response may carry no output at all: python_backend prunes a
-    response to the requested outputs (``InferResponse::PruneOutputTensors``) before
-    Triton core sees it. BYTES outputs become ``object`` arrays
-    of ``bytes``; a numeric output of another dtype than the config's is cast
-    to the config's dtype (the wire format follows the config).
-    """
-    if not isinstance(response, pb_utils.InferenceResponse):
-        return InferError(
-            "INTERNAL",
-            f"model '{model}': execute() must return pb_utils.InferenceResponse objects, "
-            f"got {type(response).__name__}",
-        )
-    if response.has_error():
-        error = response.error()
-        if isinstance(error, pb_utils.TritonError):
-            return InferError(error.code_name(), error.message())
-        return InferError("INTERNAL", str(error))
-    wanted = set(request.requested_output_names())
-    result: dict[str, np.ndarray] = {}
-    for tensor in response.output_tensors():
-        name = tensor.name()
-        if wanted and name not in wanted:
-            continue
-        spec = outputs.get(name)
-        if spec is None:  # asked for but not configured: the gateway refuses such requests
-            return InferError(
-                "INTERNAL", f"unexpected inference output '{name}' for model '{model}'"
-            )
-        array = np.asarray(tensor._data())  # as_numpy() refuses BF16, as Triton's
-        if spec.reshaped:
-            array = array.reshape((array.shape[0], *spec.dims) if batching else spec.dims)
-        if spec.bytes:
-            if array.dtype.kind not in "OSU":
-                return InferError(
-                    "INTERNAL",
-                    f"model '{model}': output '{name}' is BYTES in the model configuration "
-                    f"but the model returned dtype {array.dtype}",
-                )
-            array = _as_bytes_array(array)
-        elif spec.dtype is not None and array.dtype != spec.dtype:
-            if array.dtype.kind in "OSU":
-                return InferError(
-                    "INTERNAL",
-                    f"model '{model}': output '{name}' is "
-                    f"{numpy_to_protocol(spec.dtype)} in the model configuration but the "
-                    "model returned BYTES",
-                )
-            converted = _to_config_dtype(array, spec.dtype)
-            if converted is None:
-                return InferError(
-                    "INTERNAL",
-                    f"model '{model}': output '{name}' is "
-                    f"{numpy_to_protocol(spec.dtype)} in the model "
-                    f"configuration but the model returned {array.dtype} values that "
-                    "change when converted to it",
-                )
-            array = converted
-        result[name] = array
-    params = response.parameters()
-    parameters = json.loads(params) if params else {}
-    return InferResponse(result, parameters if isinstance(parameters, dict) else {})
-
-
 class PythonBackend:
     """Runs a Triton ``model.py`` in-process (Triton python_backend lifecycle)."""
 
     def __init__(self) -> None:
         self._ctx: InstanceContext | None = None
         self._model: Any = None
-        self._outputs: dict[str, _OutputSpec] = {}
+        self._outputs: dict[str, OutputSpec] = {}
         self._output_names: list[str] = []
         self._input_reshape: dict[str, tuple[int, ...]] = {}
         self._batching = False
 
     @staticmethod
     def initialize_args(ctx: InstanceContext) -> dict[str, str]:
-        """Triton's ``args`` dict for ``TritonPythonModel.initialize`` (PROTOCOL.md 8)."""
+        """Triton's ``args`` dict for ``TritonPythonModel.initialize``
+        (docs/reference/python-backend.md)."""
         return {
             "model_config": json.dumps(config_to_json(ctx.config)),
             "model_instance_kind": ctx.kind,
@@ -357,7 +155,7 @@ class PythonBackend:
             t.name: tuple(t.reshape.shape) for t in config.input if t.HasField("reshape")
         }
         self._outputs = {
-            t.name: _OutputSpec(t.name, t.data_type, tuple(t.dims), t.HasField("reshape"))
+            t.name: OutputSpec(t.name, t.data_type, tuple(t.dims), t.HasField("reshape"))
             for t in config.output
         }
         self._output_names = [t.name for t in config.output]
