@@ -1,6 +1,7 @@
 """Triton's classification extension: an output turned into its top-k ``"value:index[:label]"``.
 
-Source: Triton ``src/classification.cc`` / PROTOCOL.md 2.5. Values print the C++
+Source: Triton ``src/classification.cc`` (docs/reference/http-protocol.md, "Classification
+extension"). Values print the C++
 ``std::to_string`` way (integers as integers, floats with six decimals); the
 index is the flat index inside one batch item; labels come from the output's
 ``label_filename`` (line ``index``) when the config names one.

@@ -3,9 +3,9 @@
 The instance's heartbeat thread (:class:`gpu_workers.liveness.Liveness`) needs the
 GIL. A model whose ``execute`` holds it for longer than the stale bound (a C extension
 that does not release it: a catastrophic regular expression, a ``ctypes.PyDLL`` call)
-stopped the thread, so its peers took the instance for dead, claimed its request and
-ran it a second time, and with one instance the gateways reported the model and the
-server not ready. Triton's Python backend judges its stub by whether the process is
+would stop the thread: its peers would take the instance for dead, claim its request
+and run it a second time, and with one instance the gateways would report the model and
+the server not ready. Triton's Python backend judges its stub by whether the process is
 there, not by a beat that the model's code can hold up.
 
 :class:`Pulse` starts ``python -m sluice.gpu_workers.pulse`` beside the instance (and again
@@ -83,7 +83,7 @@ class Pulse:
     def start(self) -> None:
         """Start the process; a failure is logged (the heartbeat thread still beats)."""
         try:
-            # SIGINT ignored from the start: a Ctrl-C during its imports had printed a
+            # SIGINT ignored from the start: a Ctrl-C during its imports would print a
             # KeyboardInterrupt traceback (its own handler comes after them)
             self._process = subprocess.Popen(
                 self._command, env=self._env, stdin=subprocess.DEVNULL, preexec_fn=start_child
@@ -117,16 +117,16 @@ def main(argv: list[str] | None = None) -> int:
     :meth:`Pulse.start` starts it with SIGINT ignored and ``PR_SET_PDEATHSIG``
     (:func:`gpu_workers.processes.start_child`): the pulse stops with its instance
     (SIGTERM from it, or with its death), not at a terminal's Ctrl-C, which the
-    instance's heartbeat thread had taken for a pulse that died and started again, with a
-    warning, at every Ctrl-C (fresh-user finding)."""
+    instance's heartbeat thread would take for a pulse that died, and start it again
+    with a warning."""
     parser = argparse.ArgumentParser(prog="python -m sluice.gpu_workers.pulse", description=__doc__)
     parser.add_argument("--key", required=True, help="the version's instances hash")
     parser.add_argument("--instance", required=True, help="the instance's field in it")
     parser.add_argument("--pid", required=True, type=int, help="the instance's process id")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between beats")
     args = parser.parse_args(argv)
-    # at once, whatever runs: a SystemExit raised inside redis-py's clean-up printed an
-    # "Exception ignored" traceback (fresh-user finding); the kernel closes the socket
+    # at once, whatever runs: a SystemExit raised inside redis-py's clean-up would print
+    # an "Exception ignored" traceback; the kernel closes the socket
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     client = redis.Redis.from_url(
         os.environ[_URL_ENV], protocol=2, socket_timeout=max(1.0, args.interval * 2)

@@ -8,15 +8,11 @@ batch forms smaller and every row costs more (ORT's per-call cost is mostly the
 weights read once per call). At ``SCHED_IDLE`` a helper runs only on a CPU that
 nothing else wants: where a core is free it speeds the execution as before, where
 none is the calling thread does the helper's share itself (ORT's thread pool lets
-the caller take the work items no helper has started).
-
-Measured (MLP 512→2048→2048→10, 32 wrk clients, a 2-vCPU Intel VM whose cores the
-gateway keeps busy, 2026-12-01, rounds alternating with Triton): two intra-op threads at
-normal priority served 0.74-0.85 of Triton's requests per second with batches of ~10-12,
-one thread 0.80-1.07 with ~14, two with the helper at ``SCHED_IDLE`` 0.87-0.94 with ~14.5
-(``benchmarks/bench_pairs.py``: median 0.82 before, 0.94 after). The 2-vCPU AMD VM of
-2026-12-01, whose cores were idle a third of the time, had served 0.93 of Triton with two
-threads against 0.71 with one: there the helper finds idle cores.
+the caller take the work items no helper has started). Where the gateway keeps the
+cores busy, a helper at ``SCHED_IDLE`` serves more requests per second than one thread
+or a helper at normal priority (batches form larger); where cores are idle, it takes
+them as a normal helper would (docs/user-guide/backends.md, "Threads";
+docs/performance.md).
 
 The helpers are found as the threads a call started that Python does not know
 (``/proc/self/task`` before and after, less ``threading.enumerate()``): frameworks

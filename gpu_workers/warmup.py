@@ -1,7 +1,7 @@
 """Model warmup: run the config's ``model_warmup`` samples before an instance is READY.
 
-Triton semantics (model_config.proto ``ModelWarmup``; PROTOCOL.md 5.10; core
-``TritonModelInstance::GenerateWarmupData`` / ``WarmUp``):
+Triton semantics (model_config.proto ``ModelWarmup``; docs/user-guide/backends.md,
+"Model warm-up"; core ``TritonModelInstance::GenerateWarmupData`` / ``WarmUp``):
 
 * every sample runs ``max(count, 1)`` times; each run is one ``execute`` call
   holding ``batch_size`` requests of batch 1 (the sample's inputs duplicated),

@@ -30,33 +30,21 @@ README, "Model Config Options" and "ONNX Runtime with TensorRT optimization"):
   (:func:`default_intra_op_threads`): ORT's own default (every core) for a single
   instance, as Triton's onnxruntime backend leaves it, and a share of the cores for
   several (ORT would give each instance every core, so N instances would oversubscribe
-  them N times). ``intra_op_thread_count: 0`` still asks for ORT's default.
-  Measured with ``benchmarks/bench_pairs.py`` (MLP, concurrency 32, Triton in the same
-  minutes), the right count depends on the machine, which is why Sluice follows ORT
-  and Triton rather than its own rule: on a 2-vCPU AMD EPYC VM where one ORT thread
-  runs a batch of 30 in ~1.9 ms and two in ~0.9 ms (2026-12-01), two threads served
-  0.88-0.95 of Triton's requests per second against 0.70-0.75 with one thread, and
-  2-7% more at concurrency 8, the same at 1. On a slower 2-vCPU VM where the MLP's
-  batches were memory-bound (~1 ms a call for its 21 MB of weights), one thread had
-  served 13% more at concurrency 32 (2026-11-30; the rule was then ``cores - 1``,
-  leaving a core to the gateway and Redis).
+  them N times). ``intra_op_thread_count: 0`` still asks for ORT's default. Which
+  count serves best depends on the machine (a compute-bound batch gains from a second
+  thread, a memory-bound one does not, and the gateway and Redis want cores too), which
+  is why Sluice follows ORT and Triton rather than a rule of its own
+  (docs/user-guide/backends.md, "Threads").
 * Sluice's own: ORT's intra-op helper threads (every thread of the pool but the caller)
   run at ``SCHED_IDLE`` (:mod:`gpu_workers.thread_priority`), so they use a core only
   when nothing else on the machine wants it (the gateway, Redis, other instances); the
   config parameter ``intra_op_thread_priority`` = ``"normal"`` leaves them at the
-  process's priority. On a 2-vCPU Intel VM whose cores the gateway keeps busy
-  (2026-12-01), two threads at normal priority served 0.74-0.85 of Triton's MLP c=32
-  requests per second, one thread 0.80-1.07, two with the helper at ``SCHED_IDLE``
-  0.87-0.94 (``bench_pairs.py`` medians 0.82 before, 0.94 after); where cores are idle,
-  as on the AMD VM above, the helper still takes them. The price: on a machine kept
-  busy by other work at normal priority, a helper that took its share of an operator and
-  was then preempted keeps the calling thread waiting until a core frees up (MLP batch
-  16 next to two busy loops on 2 vCPUs: a call's p99 6.3 ms as with one thread, but the
-  slowest of ~2800 calls 10-126 ms against 10 ms; at normal priority the slowest took
-  6-14 ms). Not applied with ``execution_mode`` parallel: the calling thread waits for
-  whole nodes on the inter-op pool, whose threads cannot be told apart from the
-  intra-op helpers (the p99 of a single client had risen from 96 to 426 ms next to busy
-  loops, fresh-user finding).
+  process's priority. The price: on a machine kept busy by other work at normal
+  priority, a helper that took its share of an operator and was then preempted keeps
+  the calling thread waiting until a core frees up (a rare slow call; the p99 stays as
+  with one thread). Not applied with ``execution_mode`` parallel: the calling thread
+  waits for whole nodes on the inter-op pool, whose threads cannot be told apart from
+  the intra-op helpers, so every call would wait for preempted inter-op threads.
 * ``intra_op_thread_count`` / ``inter_op_thread_count`` above :data:`MAX_THREADS` are
   refused at load (ORT would try to start them all and the load would not end).
 """
@@ -139,7 +127,7 @@ def _param(config: ModelConfig, key: str) -> str | None:
 
 
 #: most intra-op or inter-op threads a config may ask for (ORT would try to start them all
-#: and the load would not end: 100000 grew each instance ~15 MB/s, fresh-user finding).
+#: and the load would not end).
 MAX_THREADS = 1024
 
 

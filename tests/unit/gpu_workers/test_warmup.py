@@ -1,4 +1,5 @@
-"""sluice.gpu_workers.warmup: model_warmup samples become execute calls (PROTOCOL.md 5.10)."""
+"""sluice.gpu_workers.warmup: model_warmup samples become execute calls
+(docs/user-guide/backends.md, "Model warm-up")."""
 
 from __future__ import annotations
 
