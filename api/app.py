@@ -1,4 +1,11 @@
-"""The HTTP application factory: routers, lifespan, Triton-shaped errors."""
+"""The HTTP application of a gateway process, and the wiring it shares with gRPC.
+
+:func:`connect` and :func:`build_dataplane` make the Redis client and the
+:class:`DataPlane`; :func:`create_app` the FastAPI application of every route but
+inference (:mod:`api.http.routes`) with Triton-shaped errors (:func:`client_error`);
+:func:`wrap_asgi` what uvicorn serves: access control, then the inference fast path
+(:mod:`api.http.infer`), then the application.
+"""
 
 from __future__ import annotations
 
@@ -11,15 +18,13 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sluice.api.access import AccessPolicy
+from sluice.api.access import AccessPolicy, http_group
 from sluice.api.dataplane import DataPlane
 from sluice.api.errors import client_error
-from sluice.api.http import health, infer, metadata, repository, shared_memory, stats, trace
-from sluice.api.http import logging as logging_routes
-from sluice.api.http.access import RestrictedApiMiddleware
-from sluice.api.http.responses import error_response
+from sluice.api.http.infer import InferEndpoint
+from sluice.api.http.routes import error_response, router
 from sluice.api.models import ModelRegistry
 from sluice.api.settings import GatewaySettings
 from sluice.broker.errors import SluiceError
@@ -88,16 +93,7 @@ def create_app(settings: GatewaySettings, dataplane: DataPlane) -> FastAPI:
     app = FastAPI(title="Sluice", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.settings = settings
     app.state.dataplane = dataplane
-    for router in (
-        stats.router,  # /v2/models/stats before /v2/models/{name}
-        health.router,
-        metadata.router,
-        repository.router,
-        logging_routes.router,
-        shared_memory.router,
-        trace.router,
-    ):
-        app.include_router(router)
+    app.include_router(router)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     # Exception's handler runs in Starlette's ServerErrorMiddleware, which answers and then
@@ -114,8 +110,39 @@ def create_app(settings: GatewaySettings, dataplane: DataPlane) -> FastAPI:
 
 def wrap_asgi(settings: GatewaySettings, dataplane: DataPlane, router_app: FastAPI) -> ASGIApp:
     """What uvicorn serves: access control, then the infer fast path, then ``router_app``."""
-    app: ASGIApp = infer.InferEndpoint(router_app, dataplane)
+    app: ASGIApp = InferEndpoint(router_app, dataplane)
     policy = AccessPolicy(settings.http.restricted_apis)
     if policy:
         app = RestrictedApiMiddleware(app, policy=policy)
     return app
+
+
+class RestrictedApiMiddleware:
+    """HTTP endpoint access control (Triton ``--http-restricted-api``): a call to a
+    restricted API group without the right header is refused (403) before routing, so it
+    does nothing; the groups and headers are :mod:`api.access`'s.
+
+    Args:
+        app: the wrapped application.
+        policy: the groups and the header each asks for (header prefix ``""``).
+    """
+
+    def __init__(self, app: ASGIApp, policy: AccessPolicy) -> None:
+        self.app = app
+        self.policy = policy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            group = http_group(scope["method"], scope["path"])
+            if group is not None:
+                headers = {
+                    k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
+                }
+                header = self.policy.missing_header(group, headers)
+                if header is not None:
+                    response = error_response(
+                        f"This API is restricted, expecting header '{header}'", 403
+                    )
+                    await response(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)

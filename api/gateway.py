@@ -29,7 +29,6 @@ from sluice.api.gateway_args import add_gateway_arguments, check_access_specs, s
 from sluice.api.http.protocol import HttpProtocol
 from sluice.api.metrics import MetricsService, create_metrics_app
 from sluice.api.settings import GatewaySettings
-from sluice.api.sockets import reuse_port_socket
 from sluice.broker.errors import ErrorCode, SluiceError
 from sluice.broker.keys import KeySchema
 from sluice.broker.logs import configure_logging
@@ -69,6 +68,22 @@ class _ExitTimeoutNotice(logging.Filter):
             record.msg = "exit timeout reached: HTTP requests still in flight are answered 503"
             record.args = None
         return True
+
+
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A bound TCP socket with ``SO_REUSEPORT``: the kernel spreads connections over every
+    gateway process listening on the same port (``sluice serve --gateway-processes N``).
+
+    Raises:
+        OSError: the address cannot be bound.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
 
 
 def _shared_listeners(

@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
 from sluice.api.dashboard.history import DashboardHistory
-from sluice.api.http.responses import json_response
+from sluice.api.http.routes import json_response
 
 __all__ = ["mount_dashboard", "router"]
 

@@ -29,9 +29,8 @@ from sluice.api.grpc.codec import (
     parse_version,
 )
 from sluice.api.grpc.guard import REDIS_OUTAGE, RPC_GROUPS, guard_servicer, translate
+from sluice.api.handlers.metadata import SHM_DISABLED, TRACE_UNSUPPORTED
 from sluice.api.repository_params import load_parameters, unload_dependents
-from sluice.api.shared_memory import SHM_DISABLED
-from sluice.api.trace import TRACE_UNSUPPORTED
 from sluice.broker.errors import ErrorCode, SluiceError
 
 __all__ = ["InferenceServicer", "build_servicer"]
