@@ -11,7 +11,8 @@ that value, or it is refused before anything runs. Groups are Triton's
 Refusals: HTTP 403 ``{"error": "This API is restricted, expecting header '<header>'"}``;
 gRPC PERMISSION_DENIED ``This protocol is restricted, expecting header
 'triton-grpc-protocol-<header>'`` (Triton itself answers UNAVAILABLE here; Sluice
-follows its issue #4 and uses the code meant for it).
+answers the code gRPC defines for a caller without permission;
+docs/reference/compatibility.md).
 """
 
 from __future__ import annotations

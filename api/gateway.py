@@ -257,9 +257,9 @@ async def _stop_grpc(
     Until then it keeps taking calls and new inference calls get UNAVAILABLE "Server is
     shutting down" (:meth:`DataPlane.begin_shutdown`), as HTTP answers 503 on open
     connections. grpcio's ``stop`` makes the core refuse new calls, and those reach
-    the client as CANCELLED: with 16 gRPC clients sending, 11-14 calls per Ctrl-C
-    ended CANCELLED when the server was stopped at the signal (fresh-user finding).
-    Calls that arrive in the final grace still do.
+    the client as CANCELLED, not as a status that says the server is exiting: stopped
+    at the signal, the server would end many calls of busy clients that way. Calls that
+    arrive in the final grace still do.
     """
     deadline = (stop_began[0] if stop_began else time.monotonic()) + exit_timeout_s
     while dataplane.router.waiting and time.monotonic() < deadline:

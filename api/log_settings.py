@@ -1,8 +1,9 @@
 """Triton's logging extension: one process-wide settings object for HTTP and gRPC.
 
 ``GET /v2/logging`` / gRPC ``LogSettings`` with an empty map read it; ``POST`` / a
-non-empty map update the given keys and answer the whole object (PROTOCOL.md 1.11,
-server ``docs/protocol/extension_logging.md``). The six keys and their types are
+non-empty map update the given keys and answer the whole object
+(docs/reference/http-protocol.md, logging; Triton server
+``docs/protocol/extension_logging.md``). The six keys and their types are
 Triton's: ``log_file`` (string; cannot be changed over the network),
 ``log_info`` / ``log_warning`` / ``log_error`` (bool), ``log_verbose_level``
 (unsigned int), ``log_format`` (``"default"`` or ``"ISO8601"``). The settings drive

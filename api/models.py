@@ -1,6 +1,7 @@
 """The gateway's view of the served models, read from Redis and cached briefly.
 
-Model and version resolution follow Triton (PROTOCOL.md 1.3, 1.14, 5.5): a
+Model and version resolution follow Triton (docs/reference/model-configuration.md,
+version policy; docs/reference/errors.md for the texts): a
 request without a version goes to the highest-numbered READY version.
 """
 
@@ -40,7 +41,7 @@ class ModelView:
     max_batch_size: int = 0
     """Triton model_config.proto ``max_batch_size`` (0 = no batch dimension)."""
     platform: str = ""
-    """Metadata ``platform``: the config's platform, else its backend (PROTOCOL.md 1.5)."""
+    """Metadata ``platform``: the config's platform, else its backend."""
     decoupled: bool = False
     """Triton ``model_transaction_policy.decoupled``."""
 

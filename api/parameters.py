@@ -1,6 +1,7 @@
-"""Request rules shared by the HTTP and gRPC front ends (each written once).
+"""Request and response rules shared by the HTTP and gRPC front ends (each written once).
 
-Triton's reserved request parameters (PROTOCOL.md 2.3; server ``http_server.cc``
+Triton's reserved request parameters (docs/reference/http-protocol.md, parameters;
+server ``http_server.cc``
 ``SetTritonParameterFromJsonParameter`` / ``grpc/infer_handler.cc``
 ``SetInferenceRequestMetadata``):
 
@@ -46,7 +47,7 @@ RESERVED_PREFIX = "triton_"
 class UInt64(int):
     """A gRPC ``uint64_param`` value: an int that remembers it came unsigned.
 
-    Only ``priority`` accepts it (PROTOCOL.md 2.3); custom parameters, ``sequence_id``
+    Only ``priority`` accepts it; custom parameters, ``sequence_id``
     and ``timeout`` refuse it, as Triton does.
     """
 
@@ -147,7 +148,8 @@ def check_request_parameters(
 
 
 def check_datatype(datatype: str, name: str, model: str) -> None:
-    """INVALID_ARG unless ``datatype`` is a protocol datatype (PROTOCOL.md 2.1)."""
+    """INVALID_ARG unless ``datatype`` is a protocol datatype (``BOOL``, ``INT8`` ...
+    ``BYTES``)."""
     if datatype not in ELEMENT_SIZES:
         raise invalid_arg(
             f"invalid datatype '{datatype}' for input '{name}' of model '{model}'",

@@ -1,7 +1,7 @@
 """gRPC ``ModelInferRequest`` / ``ModelInferResponse`` <-> Sluice's wire tensors.
 
 Pure functions, no I/O, using the protobuf classes ``tritonclient`` ships.
-Rules (PROTOCOL.md 4.3, 4.4; Triton ``src/grpc/infer_handler.cc``):
+Rules (docs/reference/grpc-protocol.md; Triton ``src/grpc/infer_handler.cc``):
 
 * An input's data comes from ``raw_input_contents`` (the i-th entry belongs to
   the i-th input that is not in shared memory) or from its typed ``contents``;
@@ -13,7 +13,7 @@ Rules (PROTOCOL.md 4.3, 4.4; Triton ``src/grpc/infer_handler.cc``):
   in ``outputs`` order; typed ``contents`` are never filled.
 * Request parameters follow the rules shared with HTTP (:mod:`api.parameters`).
 * A requested output's ``classification`` (``int64_param`` k) asks for the top-k
-  classes (classification extension), checked and run by the shared DataPlane.
+  classes (classification extension), checked and run as over HTTP.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ __all__ = [
     "parse_version",
 ]
 
-#: reserved keys a gRPC request may carry (PROTOCOL.md 2.3, 4.5).
+#: reserved keys a gRPC request may carry (docs/reference/grpc-protocol.md, parameters).
 GRPC_ALLOWED_RESERVED = frozenset({"triton_enable_empty_final_response"})
 
 _SHM_KEY = "shared_memory_region"
@@ -256,7 +256,7 @@ def encode_infer_response(
     requested: Sequence[RequestedOutput],
     parameters: Mapping[str, Any] | None = None,
 ) -> service_pb2.ModelInferResponse:
-    """Build a ``ModelInferResponse`` (PROTOCOL.md 4.4).
+    """Build a ``ModelInferResponse`` (docs/reference/grpc-protocol.md, inference).
 
     Args:
         model: ``model_name``.

@@ -1,16 +1,16 @@
 """The one translation point of the gRPC front end: access control and errors.
 
 Every servicer method is wrapped once, when the servicer is built
-(:func:`guard_servicer`), never by a decorator per method (STYLE.md 5):
+(:func:`guard_servicer`), not by a decorator per method (one place to read, none to
+forget):
 
 * a call to a restricted API group without the right metadata is refused with
   PERMISSION_DENIED before the method runs (:mod:`api.access`);
 * a request message that did not parse (:class:`api.grpc.registration.Unparsed`)
   is answered INTERNAL, as gRPC C++ answers it;
-* ``SluiceError`` -> its code's gRPC status (Triton ``grpc_utils.cc``
-  ``CodeToStatus``, :data:`api.errors.GRPC_STATUS`) with the message as details;
-  Redis connection/timeout errors -> UNAVAILABLE; anything else -> INTERNAL, logged
-  with its traceback.
+* any other error -> the status code and details of :func:`api.errors.client_error`
+  (``SluiceError``: its code's gRPC status, Triton ``grpc_utils.cc`` ``CodeToStatus``;
+  Redis unreachable: UNAVAILABLE; anything else: INTERNAL, logged with its traceback).
 """
 
 from __future__ import annotations
@@ -105,10 +105,11 @@ def _guard_unary(
             code, details = translate(exc)
         # grpc keeps the AbortError on the call's state, and its traceback (this frame,
         # the context, the state) is a reference cycle that only the garbage collector
-        # frees. Raised inside the except block it also chained the handled error, whose
-        # traceback holds the handler's frames and decoded tensors. After five refused
-        # 96 MiB requests (tests/e2e/test_grpc_infer.py) the gateway kept 1096 MB with
-        # both in the cycle, 642 MB with the request alone, under 300 MB with neither.
+        # frees. Raised inside the except block it would also chain the handled error,
+        # whose traceback holds the handler's frames and decoded tensors; and this frame
+        # still holds the request. So it is raised here, after dropping the request: a
+        # refused large request leaves nothing large in the cycle
+        # (tests/e2e/test_grpc_infer.py, test_refused_large_requests_leave_no_memory_behind)
         del request
         await context.abort(code, details)
 

@@ -1,10 +1,10 @@
 """The standard gRPC health service (``grpc.health.v1.Health``) on the inference port.
 
 Triton serves ``grpc.health.v1.Health/Check`` beside ``GRPCInferenceService`` and
-answers SERVING iff the server is ready (PROTOCOL.md 0; Kubernetes gRPC probes and
-``grpc_health_probe`` call it). The messages and the service stub are the
+answers SERVING iff the server is ready (docs/reference/grpc-protocol.md; Kubernetes gRPC
+probes and ``grpc_health_probe`` call it). The messages and the service stub are the
 ``grpcio-health-checking`` package's; readiness is the gateway's own
-(:meth:`api.dataplane.DataPlane.server_ready`, the answer of ``GET /v2/health/ready``),
+(:meth:`api.handlers.health.Health.server_ready`, the answer of ``GET /v2/health/ready``),
 whatever service name the request carries, as Triton does. ``Watch`` is not offered
 (UNIMPLEMENTED, the stub's default).
 """

@@ -1,7 +1,7 @@
 """The gateway's ``grpc.aio`` server: options, TLS, start and bounded stop.
 
 Options follow Triton's ``--grpc-*`` flags (server ``src/command_line_parser.cc``,
-``src/grpc/grpc_server.cc``): message size INT32_MAX both ways (PROTOCOL.md 4.7),
+``src/grpc/grpc_server.cc``): message size INT32_MAX both ways (docs/reference/grpc-protocol.md),
 keepalive / HTTP2 ping settings, optional TLS (mutual when asked), gzip for
 inference responses when a compression level other than ``none`` is set (grpcio
 exposes algorithms, not levels, so low/medium/high all mean gzip).

@@ -1,10 +1,10 @@
-"""``inference.GRPCInferenceService``: a thin adapter over the shared :class:`DataPlane`.
+"""``inference.GRPCInferenceService``: a thin adapter over the gateway's handlers.
 
-Every method converts ``service_pb2`` messages to and from what the DataPlane
-speaks and delegates (MLServer ``grpc/servicers.py``); errors and access control
-are handled once, by :func:`api.grpc.guard.guard_servicer`. Method semantics:
-PROTOCOL.md 4.1-4.6 (Triton ``src/grpc/grpc_server.cc``, ``infer_handler.cc``,
-``stream_infer_handler.cc``).
+Every method converts ``service_pb2`` messages to and from what the handlers of the
+shared :class:`DataPlane` (:mod:`api.handlers`) speak and delegates (MLServer
+``grpc/servicers.py``); errors and access control are handled once, by
+:func:`api.grpc.guard.guard_servicer`. Method semantics: docs/reference/grpc-protocol.md
+(Triton ``src/grpc/grpc_server.cc``, ``infer_handler.cc``, ``stream_infer_handler.cc``).
 """
 
 from __future__ import annotations
@@ -75,9 +75,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self, request: service_pb2.ModelReadyRequest, context: grpc.aio.ServicerContext
     ) -> service_pb2.ModelReadyResponse:
         """``ready`` True/False; an unknown model or version is not ready (False), as
-        Triton 2.51 answers it (checked against its tritonserver: ``is_model_ready`` of
-        tritonclient.grpc returns False, as over HTTP). A version that is not a number
-        is still INVALID_ARGUMENT."""
+        Triton answers it (tritonclient.grpc's ``is_model_ready`` returns False, as over
+        HTTP). A version that is not a number is still INVALID_ARGUMENT."""
         version = parse_version(request.version, request.name)
         try:
             ready = await self._dp.health.model_readiness(request.name, version)
@@ -101,7 +100,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelMetadata(
         self, request: service_pb2.ModelMetadataRequest, context: grpc.aio.ServicerContext
     ) -> service_pb2.ModelMetadataResponse:
-        """Same content as ``GET /v2/models/{m}[/versions/{v}]`` (PROTOCOL.md 1.5)."""
+        """Same content as ``GET /v2/models/{m}[/versions/{v}]``."""
         version = parse_version(request.version, request.name)
         meta = await self._dp.metadata.model_metadata(request.name, version)
         response = service_pb2.ModelMetadataResponse(
@@ -168,7 +167,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(
         self, request: service_pb2.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> service_pb2.ModelInferResponse:
-        """One inference; outputs in ``raw_output_contents`` (PROTOCOL.md 4.3, 4.4)."""
+        """One inference; outputs in ``raw_output_contents`` (:mod:`api.grpc.codec`)."""
         if self._compress_infer:
             context.set_compression(grpc.Compression.Gzip)
         return await self._infer(request)
@@ -312,7 +311,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         request: service_pb2.SystemSharedMemoryRegisterRequest,
         context: grpc.aio.ServicerContext,
     ) -> service_pb2.SystemSharedMemoryRegisterResponse:
-        """Refused: client shared memory is off (PROTOCOL.md 1.10)."""
+        """Refused: client shared memory is off (:mod:`api.handlers.metadata`)."""
         raise SluiceError(ErrorCode.UNSUPPORTED, SHM_DISABLED)
 
     async def SystemSharedMemoryUnregister(
@@ -336,7 +335,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         request: service_pb2.CudaSharedMemoryRegisterRequest,
         context: grpc.aio.ServicerContext,
     ) -> service_pb2.CudaSharedMemoryRegisterResponse:
-        """Refused: client shared memory is off (PROTOCOL.md 1.10)."""
+        """Refused: client shared memory is off (:mod:`api.handlers.metadata`)."""
         raise SluiceError(ErrorCode.UNSUPPORTED, SHM_DISABLED)
 
     async def CudaSharedMemoryUnregister(

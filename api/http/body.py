@@ -1,4 +1,5 @@
-"""HTTP compression of request and response bodies (PROTOCOL.md 1.15)."""
+"""HTTP compression of request and response bodies (docs/reference/http-protocol.md,
+compression; Triton ``src/http_server.cc``)."""
 
 from __future__ import annotations
 

@@ -3,9 +3,9 @@
 uvicorn writes a response's status line and headers when the app sends
 ``http.response.start`` and the body on ``http.response.body``: two ``send``
 system calls per response. On loopback TCP each one runs the receiver's
-network stack and wakes it, so the client wakes twice per response (identity
-model at 32 clients over wrk: 5.6k infer/s with one write, 5.0-5.3k with two; at
-1 client no difference above noise). :class:`CoalescingHttpToolsProtocol`
+network stack and wakes it, so the client wakes twice per response, which costs
+throughput with many concurrent clients (docs/performance.md) and nothing measurable
+with one. :class:`CoalescingHttpToolsProtocol`
 hands uvicorn a transport whose ``write`` collects what one event-loop iteration
 writes to a connection and sends it with one ``writelines`` (one ``writev``) at
 the start of the next.

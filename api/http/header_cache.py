@@ -9,7 +9,7 @@ parsing JSON, and, once one request of that header passed the model's checks
 (:func:`broker.request_checks.validate_request`, which for non-``BYTES`` inputs reads only
 what the header says), without checking it again against the same model view. A
 header that lists a JSON ``data`` input, a request id (``"id"``) that changes each
-time, or a body of another length is parsed as before.
+time, or a body of another length is parsed in full.
 """
 
 from __future__ import annotations

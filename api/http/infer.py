@@ -1,10 +1,11 @@
-"""Inference endpoint with the binary tensor data extension (PROTOCOL.md 1.7, 2, 3).
+"""Inference endpoint with the binary tensor data extension
+(docs/reference/http-protocol.md; Triton ``src/http_server.cc`` ``HandleInfer``).
 
 Served as a plain ASGI layer in front of the FastAPI router: the hot path of
 the gateway skips routing, dependency solving and the Request/Response objects
-(about a fifth of a request's CPU in profiles), while every other endpoint
-stays an ``APIRouter`` route. Errors answer Triton's ``{"error": ...}`` with the
-status of ``api/errors.py``.
+(a large share of a small request's CPU), while every other endpoint stays an
+``APIRouter`` route (:mod:`api.http.routes`). Errors answer Triton's
+``{"error": ...}`` with the status of :func:`api.errors.client_error`.
 """
 
 from __future__ import annotations
@@ -411,9 +412,8 @@ def write_response(cycle: Any, status: int, body: bytes, headers: Mapping[str, s
     cycle.waiting_for_100_continue = False
     # A CoalescingTransport sends it at the end of this loop iteration: the answers of one
     # executed batch arrive together and then leave back to back, after all are encoded,
-    # so the client wakes once for the burst instead of once per answer (MLP at 32 wrk
-    # connections: +6% infer/s at the median of 16 alternating pairs, 5-10% less gateway
-    # CPU per request; identity at 1 connection unchanged)
+    # so the client wakes once for the burst instead of once per answer (more requests
+    # per second and less gateway CPU per request with many connections)
     cycle.transport.write(b"".join(parts))
     cycle.response_complete = True
     cycle.message_event.set()

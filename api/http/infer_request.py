@@ -57,7 +57,7 @@ class HttpInferRequest:
         parameters: request parameters (``sequence_id``, ``priority``, custom
             ones, …) without ``binary_data_output``.
         binary_data_output: request-level default encoding for outputs that the
-            request does not list (binary tensor data extension, PROTOCOL.md 3.2).
+            request does not list (binary tensor data extension).
     """
 
     client_id: str
@@ -93,8 +93,8 @@ def parse_infer_request(
 
     Raises:
         SluiceError: INVALID_ARG for any malformed body (Triton's texts,
-            PROTOCOL.md 1.14) or a raw binary request whose input cannot be deduced
-            (PROTOCOL.md 3.4); UNSUPPORTED for shared-memory tensors.
+            docs/reference/errors.md) or a raw binary request whose input cannot be
+            deduced; UNSUPPORTED for shared-memory tensors.
     """
     return parse_with_layout(
         body,
@@ -205,7 +205,7 @@ def parse_with_layout(
 def _parse_raw_request(
     view: memoryview, model: str, config_inputs: Collection[TensorSpec], max_batch_size: int
 ) -> HttpInferRequest:
-    """A raw binary request (``Inference-Header-Content-Length: 0``, PROTOCOL.md 3.4): the
+    """A raw binary request (``Inference-Header-Content-Length: 0``): the
     body is the data of the model's only input, whose shape comes from its config
     ``dims`` with at most one ``-1``, sized by the body's bytes; a batching model gets a
     batch of 1. A BYTES input must have dims ``[1]``: the body is its one element. Every

@@ -31,7 +31,7 @@ def encode_infer_response(
     binary_data_output: bool,
     parameters: Mapping[str, Any] | None = None,
 ) -> tuple[bytes, dict[str, str]]:
-    """Build an HTTP inference response body (PROTOCOL.md 2.4, 3.1, 3.2).
+    """Build an HTTP inference response body.
 
     Args:
         model: model name (``model_name``).

@@ -55,7 +55,7 @@ _NUMBER_TYPES = frozenset({int, float})
 def json_to_wire(
     raw: object, datatype: str, shape: tuple[int, ...], name: str, model: str
 ) -> bytes:
-    """Convert a JSON ``data`` member (flat or nested) to wire bytes (PROTOCOL.md 2.1/2.2).
+    """Convert a JSON ``data`` member (flat or nested) to wire bytes.
 
     Only the total element count must equal the product of ``shape``; the
     nesting need not mirror it. Integers out of range of a narrower type are

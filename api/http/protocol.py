@@ -3,8 +3,8 @@ for clients that half-close.
 
 A client may send its request and then shut down its sending side
 (``shutdown(SHUT_WR)``, as ``nc -N`` and some HTTP/1.0 clients do) while it waits
-for the answer. uvicorn's protocol lets asyncio close the transport on that EOF, so
-the request in flight was dropped unanswered. :class:`HttpProtocol` keeps the
+for the answer. uvicorn's protocol lets asyncio close the transport on that EOF, which
+drops the request in flight unanswered. :class:`HttpProtocol` keeps the
 sending side open while a complete request is still being answered, answers it
 (and any pipelined before it), then closes the connection. An EOF in the middle
 of a request body, or on an idle connection, still closes at once.

@@ -1,7 +1,7 @@
 """Prometheus text exposition 0.0.4 with Triton's metric names, rendered here.
 
 prometheus-client's ``Counter`` renames ``x`` to ``x_total`` and adds ``x_created``
-(PROTOCOL.md 7.1); Triton's counters carry neither, and dashboards built for Triton
+(docs/reference/metrics.md); Triton's counters carry neither, and dashboards built for Triton
 query the bare names. So families are plain data and this module writes them,
 using prometheus-client only for its content type and float formatting.
 """

@@ -1,4 +1,5 @@
-"""Per-model metric families: Triton's ``nv_inference_*`` (PROTOCOL.md 7.2) and ``sluice_*``.
+"""Per-model metric families: Triton's ``nv_inference_*`` and ``sluice_*``
+(docs/reference/metrics.md; Triton ``src/metric_model_reporter.cc``).
 
 Only READY versions have series; each starts at 0 (the four ``reason`` values of
 ``nv_inference_request_failure`` included) and goes away when the version is

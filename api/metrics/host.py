@@ -1,4 +1,4 @@
-"""Device and process gauges of the gateway's host (PROTOCOL.md 7.4).
+"""Device and process gauges of the gateway's host (docs/reference/metrics.md).
 
 Refreshed every ``--metrics-interval-ms`` by :meth:`HostSampler.refresh`, served
 from the last refresh. CPU facts come from ``/proc/stat`` and ``/proc/meminfo``

@@ -1,7 +1,9 @@
 """The metrics front end: ``GET /metrics`` on its own port (Triton ``--metrics-port``).
 
 Served by a second uvicorn server on the gateway's event loop; other methods on
-``/metrics`` answer 405, other paths 404 (PROTOCOL.md 7.1).
+``/metrics`` answer 405, other paths 404 (docs/reference/metrics.md). A failed exposition
+is answered as :func:`api.errors.client_error` maps it (Redis unreachable: 503), as
+plain text.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def create_metrics_app(service: MetricsService) -> Starlette:
             return PlainTextResponse(f"{error.message}\n", status_code=error.http_status)
         return Response(body, media_type=None, headers={"Content-Type": CONTENT_TYPE})
 
-    # Triton answers ``/metrics`` and ``/metrics/`` alike (PROTOCOL.md 0), without a
+    # Triton answers ``/metrics`` and ``/metrics/`` alike, without a
     # redirect that a scraper may not follow
     return Starlette(
         routes=[
