@@ -2,7 +2,7 @@
 
 ``GET /v2/logging`` / gRPC ``LogSettings`` with an empty map read it; ``POST`` / a
 non-empty map update the given keys and answer the whole object
-(docs/reference/http-protocol.md, logging; Triton server
+(docs/reference/http-protocol.md, Logging extension; Triton server
 ``docs/protocol/extension_logging.md``). The six keys and their types are
 Triton's: ``log_file`` (string; cannot be changed over the network),
 ``log_info`` / ``log_warning`` / ``log_error`` (bool), ``log_verbose_level``

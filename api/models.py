@@ -1,7 +1,7 @@
 """The gateway's view of the served models, read from Redis and cached briefly.
 
 Model and version resolution follow Triton (docs/reference/model-configuration.md,
-version policy; docs/reference/errors.md for the texts): a
+Version policy; docs/reference/errors.md for the texts): a
 request without a version goes to the highest-numbered READY version.
 """
 

@@ -1,6 +1,6 @@
 """Request and response rules shared by the HTTP and gRPC front ends (each written once).
 
-Triton's reserved request parameters (docs/reference/http-protocol.md, parameters;
+Triton's reserved request parameters (docs/reference/http-protocol.md, Request parameters;
 server ``http_server.cc``
 ``SetTritonParameterFromJsonParameter`` / ``grpc/infer_handler.cc``
 ``SetInferenceRequestMetadata``):

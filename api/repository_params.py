@@ -1,7 +1,7 @@
 """Parameters of Triton's model repository load/unload requests, for HTTP and gRPC alike.
 
-Triton ``POST /v2/repository/models/{m}/load`` (docs/reference/http-protocol.md, model
-repository): ``config`` is a
+Triton ``POST /v2/repository/models/{m}/load`` (docs/reference/http-protocol.md, Repository
+extension): ``config`` is a
 ``ModelConfig`` JSON string; ``file:<version>/<path>`` carries a file of a
 complete model directory (base64 in HTTP JSON, raw ``bytes_param`` in gRPC) and
 needs ``config``. Unload takes ``unload_dependents`` (bool).

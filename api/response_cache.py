@@ -6,7 +6,7 @@ with ``--cache-config local,size=<bytes>``, is first looked up in Redis
 the request's own id and never reaches a model instance; a miss is queued as usual,
 and its answer, when it succeeded, is stored for the next identical request.
 
-Statistics as Triton counts them (docs/reference/model-configuration.md, response
+Statistics as Triton counts them (docs/reference/model-configuration.md, Response
 cache): a hit counts in ``success``,
 ``queue`` (0 ns) and ``cache_hit`` (the lookup's duration), and in the request and queue
 latency summaries, not in ``compute_*``, ``inference_count`` or ``execution_count``; a

@@ -47,7 +47,7 @@ __all__ = [
     "parse_version",
 ]
 
-#: reserved keys a gRPC request may carry (docs/reference/grpc-protocol.md, parameters).
+#: reserved keys a gRPC request may carry (docs/reference/grpc-protocol.md, ``ModelInfer``).
 GRPC_ALLOWED_RESERVED = frozenset({"triton_enable_empty_final_response"})
 
 _SHM_KEY = "shared_memory_region"
@@ -256,7 +256,7 @@ def encode_infer_response(
     requested: Sequence[RequestedOutput],
     parameters: Mapping[str, Any] | None = None,
 ) -> service_pb2.ModelInferResponse:
-    """Build a ``ModelInferResponse`` (docs/reference/grpc-protocol.md, inference).
+    """Build a ``ModelInferResponse`` (docs/reference/grpc-protocol.md, ``ModelInfer``).
 
     Args:
         model: ``model_name``.

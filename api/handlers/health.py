@@ -2,7 +2,7 @@
 ``/v2/models/{m}[/versions/{v}]/ready``, gRPC ``ServerLive`` / ``ServerReady`` /
 ``ModelReady`` and ``grpc.health.v1.Health``).
 
-Rules: docs/reference/http-protocol.md (health); Triton ``src/http_server.cc``
+Rules: docs/reference/http-protocol.md (Health and readiness); Triton ``src/http_server.cc``
 (``HandleServerHealth``, ``HandleModelReady``) and ``src/grpc/grpc_server.cc``.
 """
 

@@ -1,9 +1,9 @@
 """Server metadata, model metadata and model configuration; the extensions served and
 the two that are refused (trace, shared memory).
 
-Shapes: docs/reference/http-protocol.md (server and model metadata, model
-configuration); Triton ``src/http_server.cc`` (``HandleServerMetadata``,
-``HandleModelMetadata``, ``HandleModelConfig``).
+Shapes: docs/reference/http-protocol.md (Server and model metadata, Model
+configuration JSON, Trace and shared memory); Triton ``src/http_server.cc``
+(``HandleServerMetadata``, ``HandleModelMetadata``, ``HandleModelConfig``).
 
 Two of Triton's extensions are answered without being implemented, over HTTP and
 gRPC alike, and left out of the server metadata's ``extensions`` (only what is

@@ -5,7 +5,7 @@ with an ``XADD`` through the multiplexed connection (``broker.producer``) and it
 comes back on this gateway's reply key (``broker.replies``); the key schema and the path
 of a request are in docs/architecture.md. A request a client gave up on leaves its
 stream if no instance has taken it yet (Triton ``docs/user_guide/request_cancellation.md``;
-docs/reference/model-configuration.md, cancellation).
+docs/reference/model-configuration.md, Cancellation).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Model repository extension: the index, and load / unload through the supervisor.
 
-Rules: docs/reference/http-protocol.md (model repository) and
-docs/reference/model-configuration.md (model control modes); Triton
+Rules: docs/reference/http-protocol.md (Repository extension) and
+docs/reference/model-configuration.md (Model control modes); Triton
 ``src/http_server.cc`` (``HandleRepositoryIndex``, ``HandleRepositoryControl``). A load
 or unload is a command on the deployment's control stream; the supervisor answers it on
 this gateway's reply key once done (docs/architecture.md).

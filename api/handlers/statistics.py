@@ -1,6 +1,6 @@
 """Statistics extension: per-version request statistics, read from Redis.
 
-Body shape: docs/reference/http-protocol.md (statistics); Triton
+Body shape: docs/reference/http-protocol.md (Statistics extension); Triton
 ``src/http_server.cc`` (``HandleModelStats``). Every process counts into the
 version's statistics hash in Redis (``broker.stats_store``); this reads them.
 """

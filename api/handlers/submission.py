@@ -2,7 +2,7 @@
 
 Shared by the HTTP inference endpoints (:mod:`api.http.infer`) and the gRPC
 ``ModelInfer`` / ``ModelStreamInfer`` calls. Validation rules:
-docs/reference/model-configuration.md (request validation); the path of a request
+docs/reference/model-configuration.md (Request validation); the path of a request
 through Redis: docs/architecture.md. Queueing and cancellation are
 :class:`~sluice.api.handlers.queueing.RequestQueue`'s, the response cache
 :class:`~sluice.api.response_cache.ResponseCache`'s.

@@ -1,5 +1,5 @@
 """HTTP compression of request and response bodies (docs/reference/http-protocol.md,
-compression; Triton ``src/http_server.cc``)."""
+Compression; Triton ``src/http_server.cc``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """HTTP inference requests: the JSON header, binary tensor data after it, raw bodies.
 
 Pure functions, no I/O. Rules and Triton's texts: docs/reference/http-protocol.md
-(inference request, binary tensor data extension); Triton ``src/http_server.cc``
+(Inference, Binary tensor data extension); Triton ``src/http_server.cc``
 (``HTTPAPIServer::InferRequestClass``, ``ReadDataFromJson``). Inputs come out in the wire
 layout of :class:`broker.messages.WireTensor` (raw little-endian bytes; ``BYTES`` as
 4-byte length-prefixed elements), so nothing is re-encoded later.

@@ -1,7 +1,7 @@
 """HTTP inference responses: JSON outputs, or a JSON header and binary tensor data.
 
-Pure functions, no I/O. Rules: docs/reference/http-protocol.md (inference response,
-binary tensor data extension); Triton ``src/http_server.cc`` (``WriteDataToJson``).
+Pure functions, no I/O. Rules: docs/reference/http-protocol.md (Inference, Binary
+tensor data extension); Triton ``src/http_server.cc`` (``WriteDataToJson``).
 """
 
 from __future__ import annotations

@@ -192,8 +192,8 @@ def test_bytes_json_empty_strings_and_utf8() -> None:
 
 
 def test_binary_chunks_in_input_order_mixed_with_json() -> None:
-    """A captured tritonclient body (docs/reference/http-protocol.md, binary tensor data):
-    FP32 [1,4] + BYTES [2] binary, plus one JSON input."""
+    """A captured tritonclient body (docs/reference/http-protocol.md, Binary tensor data
+    extension): FP32 [1,4] + BYTES [2] binary, plus one JSON input."""
     fp32 = np.array([[1, 2, 3, 4]], dtype=np.float32)
     strings = np.array([b"ab", b"xyz"], dtype=object)
     body, length = _client_body(
