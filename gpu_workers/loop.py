@@ -210,7 +210,13 @@ class InstanceLoop:
             now = self._clock()
         batch = self._assembly.take(now)
         if batch is not None:
-            self._consumer.flush()  # the previous batch's replies go out before this one runs
+            try:
+                self._consumer.flush()  # the previous batch's replies go out before it runs
+            except redis.exceptions.RedisError:
+                # no longer held, so that _resume admits them again from this
+                # instance's pending entries once Redis answers
+                self._assembly.release(batch)
+                raise
             self._execute(batch)
             self._read_since_execution = False
             return

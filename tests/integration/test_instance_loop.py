@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 import redis
 import redis.asyncio
+import redis.exceptions
 from google.protobuf import text_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
@@ -310,4 +311,56 @@ def test_the_statistics_that_count_a_batch_leave_with_its_answers(
     finally:
         consumer.close()
         client.delete(stream, reply, shard.key, shard.registry)
+        client.close()
+
+
+class _FlushFailsOnce:
+    """A consumer whose first flush before an execution fails as a lost connection does."""
+
+    def __init__(self, consumer: StreamConsumer) -> None:
+        self._consumer = consumer
+        self.failed = False
+
+    def flush(self) -> None:
+        if not self.failed:
+            self.failed = True
+            raise redis.exceptions.ConnectionError("connection lost (test)")
+        self._consumer.flush()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._consumer, name)
+
+
+def test_a_batch_taken_when_the_connection_drops_is_run_once_redis_answers(
+    redis_url: str, key_prefix: str
+) -> None:
+    """The flush that sends the previous answers before a batch runs can find Redis gone
+    after the batch left the batcher: its requests are not kept as held (where the read
+    of this instance's pending entries would skip them), so they run after the outage."""
+    client = redis.Redis.from_url(redis_url, protocol=2, socket_timeout=5)
+    config = text_format.Parse(CONFIG, ModelConfig())
+    layout = StreamLayout(KeySchema(key_prefix), "m", 1, scheduling_policy(config))
+    stream, reply = layout.stream(0), f"{key_prefix}reply:g"
+    real = StreamConsumer(client, layout.streams(), "instance-0")
+    real.ensure_groups()
+    consumer = _FlushFailsOnce(real)
+    backend = _Recorder()
+    loop = InstanceLoop(
+        consumer, backend, layout, ShapeKeys(config), output_datatypes(config), None,  # type: ignore[arg-type]
+        batching=True,
+    )  # fmt: skip
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    try:
+        client.xadd(stream, {PAYLOAD_FIELD: encode_request(_request(1, time.time_ns(), reply))})
+        answer = client.blpop([reply], timeout=5)
+        assert consumer.failed
+        assert answer is not None, "the batch taken before the failed flush never ran"
+        assert decode_response(answer[1]).request_id == "r1"
+        assert backend.batches == [["r1"]]
+    finally:
+        loop.stopping.set()
+        thread.join(10)
+        real.close()
+        client.delete(stream, reply)
         client.close()
