@@ -21,6 +21,7 @@ from sluice.broker.errors import ErrorCode, SluiceError
 from sluice.broker.model_store import AsyncModelStore, ModelRecord, VersionState
 from sluice.broker.request_checks import TensorSpec, tensor_spec
 from sluice.broker.scheduling import scheduling_policy
+from sluice.broker.sequences import SequenceRules
 from sluice.broker.states import ModelState
 from sluice.repository.render import config_to_json
 
@@ -44,6 +45,8 @@ class ModelView:
     """Metadata ``platform``: the config's platform, else its backend."""
     decoupled: bool = False
     """Triton ``model_transaction_policy.decoupled``."""
+    sequence: SequenceRules | None = None
+    """The sequence batcher's request rules (None: no ``sequence_batching``)."""
 
     def ready_versions(self) -> list[int]:
         """Versions in state READY, ascending."""
@@ -101,6 +104,7 @@ def build_view(record: ModelRecord) -> ModelView:
         max_batch_size=int(config.max_batch_size),
         platform=config.platform or config.backend,
         decoupled=bool(config.model_transaction_policy.decoupled),
+        sequence=SequenceRules.from_config(config),
     )
 
 

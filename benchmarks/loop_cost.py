@@ -72,9 +72,10 @@ def _harness(batch: int, batches: int):  # type: ignore[no-untyped-def]
     from sluice.broker.resp import pack_pipeline
     from sluice.broker.scheduling import ShapeKeys, StreamLayout, scheduling_policy
     from sluice.broker.stats_store import StatsShard
+    from sluice.gpu_workers.answers import output_datatypes
     from sluice.gpu_workers.backends.base import InstanceContext
     from sluice.gpu_workers.backends.tensor_adapter import TensorBackendAdapter
-    from sluice.gpu_workers.loop import InstanceLoop, output_datatypes
+    from sluice.gpu_workers.loop import InstanceLoop
 
     config = text_format.Parse(CONFIG, ModelConfig())
     layout = StreamLayout(KeySchema("loopcost:"), "mlp", 1, scheduling_policy(config))

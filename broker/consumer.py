@@ -22,6 +22,7 @@ from sluice.broker.direct import DirectConnection
 from sluice.broker.keys import WORKER_GROUP
 from sluice.broker.messages import InferRequestMessage, InferResponseMessage
 from sluice.broker.producer import PAYLOAD_FIELD
+from sluice.broker.sequences import DONE_FIELD, STEP_FIELD
 from sluice.broker.stats_store import StatsDelta, StatsShard
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,10 @@ class Delivery:
     message: InferRequestMessage
     deliveries: int = 1
     """How many times an instance was handed this entry (> 1 after a crash)."""
+    step: int = 0
+    """A sequence step's number within its correlation id (0: not a sequence step)."""
+    known_done: int = 0
+    """A sequence step's ``done`` count when it was queued (``broker.sequences``)."""
 
 
 class StreamConsumer:
@@ -71,6 +76,24 @@ class StreamConsumer:
         """Create the consumer group (and stream) of every stream if missing."""
         for stream in self.streams:
             ensure_group(self._redis, stream)
+
+    def adopt(self, stream: str) -> bool:
+        """Read ``stream`` too from now on (the sequence stream of an instance that is
+        gone: its queued steps run here); False when it is read already."""
+        if stream in self.streams:
+            return False
+        ensure_group(self._redis, stream)
+        self.streams.append(stream)
+        self._stream_args = [*self.streams, *(">" for _ in self.streams)]
+        self._pending_args = [*self.streams, *("0" for _ in self.streams)]
+        return True
+
+    def abandon(self, stream: str) -> None:
+        """Stop reading an adopted ``stream`` (:meth:`adopt`)."""
+        if stream in self.streams:
+            self.streams.remove(stream)
+            self._stream_args = [*self.streams, *(">" for _ in self.streams)]
+            self._pending_args = [*self.streams, *("0" for _ in self.streams)]
 
     def read(self, count: int, block_ms: int | None, own_pending: bool = False) -> list[Delivery]:
         """Take up to ``count`` new entries per stream.
@@ -166,6 +189,7 @@ class StreamConsumer:
         stats: StatsShard | None = None,
         delta: StatsDelta | None = None,
         defer: bool = False,
+        before: Sequence[tuple[object, ...]] = (),
     ) -> None:
         """Push each ``(reply_key, response)``, XACK + XDEL ``entries``, add ``delta`` to ``stats``.
 
@@ -183,11 +207,13 @@ class StreamConsumer:
         answers do not wait for the loop's bookkeeping. Without ``defer`` everything is
         sent and its replies read at once;
         either way commands that could not reach Redis are kept for the next read or flush.
+        ``before``: commands that go ahead of the replies in the same write (the commits
+        of sequence steps, ``broker.sequences.SEQ_COMMIT``).
 
         Raises:
             redis.exceptions.RedisError: Redis unreachable.
         """
-        commands = _pushes(responses)
+        commands = [*before, *_pushes(responses)]
         if defer and commands:
             self.send_ahead(commands)
             commands = []
@@ -207,6 +233,7 @@ class StreamConsumer:
         self,
         responses: Sequence[tuple[str, InferResponseMessage]],
         then: Sequence[tuple[object, ...]] = (),
+        before: Sequence[tuple[object, ...]] = (),
     ) -> None:
         """Push each ``(reply_key, response)`` now (:meth:`send_ahead`), followed in the
         same write by the plain commands ``then`` (the statistics that count them), before
@@ -215,7 +242,7 @@ class StreamConsumer:
         Raises:
             redis.exceptions.RedisError: Redis unreachable (the commands are kept).
         """
-        commands = [*_pushes(responses), *then]
+        commands = [*before, *_pushes(responses), *then]
         if commands:
             self.send_ahead(commands)
 
@@ -263,7 +290,10 @@ class StreamConsumer:
                     logger.exception("dropping undecodable entry %s on %s", entry_id, stream)
                     bad.append(Delivery(stream, entry_id, None))  # type: ignore[arg-type]
                     continue
-                deliveries.append(Delivery(stream, entry_id, message))
+                delivery = Delivery(stream, entry_id, message)
+                if len(fields) > 2:  # a sequence step: its number and done count
+                    _step_fields(delivery, fields)
+                deliveries.append(delivery)
         if bad:
             self.finish([], bad)
         return deliveries
@@ -288,6 +318,16 @@ def ensure_group(client: redis.Redis, stream: str) -> None:
     except redis.exceptions.ResponseError as exc:
         if "BUSYGROUP" not in str(exc):
             raise
+
+
+def _step_fields(delivery: Delivery, fields: object) -> None:
+    """Set a sequence step's number and known ``done`` count from its entry's fields."""
+    pairs = fields.items() if isinstance(fields, dict) else zip(*[iter(fields)] * 2, strict=False)  # type: ignore[call-overload]
+    for name, value in pairs:
+        if name == STEP_FIELD:
+            delivery.step = int(value)
+        elif name == DONE_FIELD:
+            delivery.known_done = int(value)
 
 
 def _payload(fields: object) -> bytes:

@@ -28,6 +28,17 @@ class KeySchema:
         suffix = f":p{level}" if level > 0 else ""
         return f"{self.prefix}{{{model}}}:q:{version}{suffix}"
 
+    def sequence_queue(self, model: str, version: int, instance: str) -> str:
+        """Stream of the steps of the sequences bound to one model instance (sequence
+        batching: a sequence's requests all go to the instance that holds it)."""
+        return f"{self.prefix}{{{model}}}:q:{version}:s:{instance}"
+
+    def sequence(self, model: str, version: int, corrid: str) -> str:
+        """Hash of one live sequence: its instance, step counts, implicit state and last
+        answer (``broker.sequences``); ``corrid`` is the tagged correlation id
+        (``u:<int>`` or ``s:<string>``). Expires after the sequence's idle time."""
+        return f"{self.prefix}{{{model}}}:seq:{version}:{corrid}"
+
     def reply(self, gateway_id: str) -> str:
         """List a gateway process reads its responses from."""
         return f"{self.prefix}reply:{gateway_id}"

@@ -10,6 +10,8 @@ cancels it while it is still queued is taken off its stream again (:meth:`Produc
 from __future__ import annotations
 
 import asyncio
+import random
+import time
 from typing import Any
 
 import redis.exceptions
@@ -20,6 +22,7 @@ from sluice.broker.keys import WORKER_GROUP
 from sluice.broker.messages import InferRequestMessage
 from sluice.broker.multiplex import MultiplexedConnection
 from sluice.broker.scripts import BOUNDED_XADD, CANCEL_QUEUED
+from sluice.broker.sequences import SEQ_SUBMIT, SequenceStepInfo, missing_start
 from sluice.broker.stats_store import StatsDelta
 
 #: stream entry field that holds the encoded request.
@@ -102,6 +105,55 @@ class Producer:
             CANCEL_QUEUED, [stream, stats_key], [WORKER_GROUP, entry_id, delta.counter_text()]
         )
         return bool(done)
+
+
+async def submit_step(
+    connection: MultiplexedConnection,
+    keys: tuple[str, str, str],
+    message: InferRequestMessage,
+    step: SequenceStepInfo,
+    stale_ns: int,
+    expire_ms: int,
+) -> bytes:
+    """Queue one step of a sequence on the stream of the instance the sequence is bound
+    to (``broker.sequences.SEQ_SUBMIT``).
+
+    Args:
+        connection: the gateway's multiplexed connection.
+        keys: the sequence hash, the version's instances hash and the sequence stream
+            key without its instance name.
+        message: the request.
+        step: its correlation id and flags.
+        stale_ns: heartbeat age past which an instance counts as gone, in ns.
+        expire_ms: how long the sequence's hash lives without another step, in ms.
+
+    Returns:
+        The new entry's id.
+
+    Raises:
+        SluiceError: INVALID_ARG (no START on a sequence that is not live) or UNAVAILABLE
+            (the model has no instance).
+        redis.exceptions.RedisError: Redis unreachable.
+    """
+    sequence_key, instances_key, stream_prefix = keys
+    reply = await connection.script(
+        SEQ_SUBMIT,
+        [sequence_key, instances_key],
+        [
+            int(step.start), int(step.end), time.time_ns(), stale_ns,
+            random.getrandbits(31), expire_ms, encode_request(message), stream_prefix,
+        ],
+    )  # fmt: skip
+    if reply[0] == 0:
+        raise missing_start(message.model, step.corrid)
+    if reply[0] == -1:
+        raise SluiceError(
+            ErrorCode.UNAVAILABLE,
+            f"model '{message.model}' version {message.version} has no instance to run "
+            f"sequence {step.corrid}",
+            model=message.model,
+        )
+    return bytes(reply[0])
 
 
 def enqueue_error(exc: BaseException, model: str) -> BaseException:

@@ -8,12 +8,15 @@ an output it does not); an output the request asked to classify travels as Trito
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import numpy as np
 
-from sluice.broker.datatypes import serialize_bytes
+from sluice.broker.datatypes import config_to_protocol, serialize_bytes
+from sluice.broker.errors import FailureReason
 from sluice.broker.messages import ErrorInfo, InferRequestMessage, InferResponseMessage, WireTensor
 from sluice.gpu_workers.backends.base import InferError, InferResponse
+from sluice.gpu_workers.batch_assembly import Held
 from sluice.gpu_workers.classification import classify
 
 logger = logging.getLogger(__name__)
@@ -58,6 +61,42 @@ class Answers:
             request_id, self._model, self._version, error=ErrorInfo(code, message)
         )
 
+    def of_batch(
+        self,
+        held: Sequence[Held],
+        results: Sequence[InferResponse | InferError],
+        decode_errors: dict[int, str],
+        labels: dict[str, list[str]],
+    ) -> tuple[
+        list[InferResponseMessage], list[tuple[int, Held]], list[tuple[Held, FailureReason]]
+    ]:
+        """The answers of one execution's requests (``results``: one per request that ran,
+        those with an input that could not be decoded left out), with the successes
+        (index, request) and failures (request, reason) among them. Triton counts an
+        error the backend returned as reason BACKEND."""
+        answers: list[InferResponseMessage] = []
+        successes: list[tuple[int, Held]] = []
+        failures: list[tuple[Held, FailureReason]] = []
+        result_iter = iter(results)
+        for index, item in enumerate(held):
+            message = item.delivery.message
+            if index in decode_errors:
+                answers.append(self.error(message.request_id, "INVALID_ARG", decode_errors[index]))
+                failures.append((item, FailureReason.OTHER))
+                continue
+            answer = self.answer(message, next(result_iter), labels)
+            answers.append(answer)
+            if answer.error is None:
+                successes.append((index, item))
+                continue
+            failures.append((item, FailureReason.BACKEND))
+            logger.debug(
+                "request %s (client id '%s') of model '%s' failed: %s: %s",
+                message.request_id, message.client_id, self._model, answer.error.code,
+                answer.error.message,
+            )  # fmt: skip
+        return answers, successes, failures
+
     def answer(
         self,
         message: InferRequestMessage,
@@ -94,3 +133,13 @@ class Answers:
             dict(result.parameters),
             load_id=self._load_id,
         )
+
+
+def output_datatypes(config: object) -> dict[str, str]:
+    """Output name -> protocol datatype of a ``ModelConfig``."""
+    from sluice.gpu_workers.backends.tensor_adapter import model_config_type_name
+
+    return {
+        o.name: config_to_protocol(model_config_type_name(o.data_type))
+        for o in config.output  # type: ignore[attr-defined]
+    }

@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 
 import redis.exceptions
 
@@ -46,6 +47,9 @@ class Liveness:
         recover_interval_s: how often to look for dead instances, in s.
         pulse: the instance's pulse process (:mod:`gpu_workers.pulse`), started, watched
             each beat and stopped with the heartbeat thread; None: the thread alone.
+        sequence_stream: instance name -> its sequence stream (sequence batching): a dead
+            instance's stream is adopted, so the steps queued for it run here; None: the
+            model has no sequence batching.
     """
 
     def __init__(
@@ -59,7 +63,9 @@ class Liveness:
         beat_interval_s: float = 1.0,
         recover_interval_s: float = 1.0,
         pulse: Pulse | None = None,
+        sequence_stream: Callable[[str], str] | None = None,
     ) -> None:
+        self._sequence_stream = sequence_stream
         self._store = store
         self._model = model
         self._version = version
@@ -165,6 +171,10 @@ class Liveness:
                     beat and now - beat > self._stale_ns
                 )
                 if dead:
+                    if self._sequence_stream is not None and self._consumer.adopt(
+                        self._sequence_stream(name)
+                    ):
+                        logger.warning("adopted the sequence stream of instance %s", name)
                     taken = self._consumer.claim_from(name, min_idle_ms=0)
                     claimed.extend(taken)
                     if not taken and info.get("reason") == RETIRED_HOLDING:

@@ -25,7 +25,6 @@ import redis.exceptions
 
 from sluice.batching import Batch
 from sluice.broker.consumer import Delivery, StreamConsumer
-from sluice.broker.datatypes import config_to_protocol
 from sluice.broker.errors import FailureReason, stream_gone
 from sluice.broker.messages import InferResponseMessage
 from sluice.broker.outage import OutageLog
@@ -39,10 +38,10 @@ from sluice.gpu_workers.batch_assembly import (
     TIMEOUT_TEXT,
     BatchAssembly,
     Failure,
-    Held,
     backend_requests,
     split_late,
 )
+from sluice.gpu_workers.sequence_assembly import SequenceAssembly
 
 logger = logging.getLogger(__name__)
 
@@ -63,16 +62,6 @@ SPIN_MAX_NS = 150_000
 DRAIN_QUIET_NS = 300_000_000
 #: a stopping instance takes queued entries for at most this long by default, in ns.
 DRAIN_LIMIT_NS = 5_000_000_000
-
-
-def output_datatypes(config: object) -> dict[str, str]:
-    """Output name -> protocol datatype of a ``ModelConfig``."""
-    from sluice.gpu_workers.backends.tensor_adapter import model_config_type_name
-
-    return {
-        o.name: config_to_protocol(model_config_type_name(o.data_type))
-        for o in config.output  # type: ignore[attr-defined]
-    }
 
 
 class InstanceLoop:
@@ -106,13 +95,21 @@ class InstanceLoop:
         clock: Callable[[], int] = time.time_ns,
         load_id: str = "",
         rules: RequestRules | None = None,
+        sequences: SequenceAssembly | None = None,
     ) -> None:
         self._consumer = consumer
         self._backend = backend
         self._model = layout.model
         self._clock = clock
         self._answers = Answers(layout.model, layout.version, load_id, output_datatypes, batching)
-        self._assembly = BatchAssembly(layout, shape_keys, batching, load_id, rules)
+        #: a model with sequence batching: its steps, controls and state (None: dynamic
+        #: batching or the default scheduler)
+        self._sequences = sequences
+        self._assembly: BatchAssembly | SequenceAssembly = (
+            BatchAssembly(layout, shape_keys, batching, load_id, rules)
+            if sequences is None
+            else sequences
+        )
         self._accounts = Accounting(layout, stats)
         self._read_count = max(1, layout.policy.max_batch_size)
         #: several priority levels (one stream each): a batch is formed only after a read
@@ -364,7 +361,10 @@ class InstanceLoop:
             for d, code, text in failures
         ]
         delta = self._accounts.failures(failures, self._model, now, counted)
-        self._consumer.finish(replies, [d for d, _, _ in failures], self._accounts.stats, delta)
+        before = self._settle([d for d, _, _ in failures], [a for _, a in replies], now)
+        self._consumer.finish(
+            replies, [d for d, _, _ in failures], self._accounts.stats, delta, before=before
+        )
 
     # -- execution ---------------------------------------------------------------------------
 
@@ -376,6 +376,8 @@ class InstanceLoop:
             if not held:
                 return
         requests, decode_errors = backend_requests(held, self._model)
+        if self._sequences is not None:
+            requests = self._sequences.prepare(held, requests)
         runnable = [r for i, r in enumerate(requests) if i not in decode_errors]
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
@@ -386,32 +388,12 @@ class InstanceLoop:
             )
         input_done = self._clock()
         results = self._run_backend(runnable)
+        if self._sequences is not None:
+            results = self._sequences.keep_states([r.request_id for r in runnable], results)
         infer_done = self._clock()
-        answers: list[InferResponseMessage] = []
-        successes: list[tuple[int, Held]] = []
-        failures: list[tuple[Held, FailureReason]] = []
-        result_iter = iter(results)
-        for index, item in enumerate(held):
-            request_id = item.delivery.message.request_id
-            if index in decode_errors:
-                answers.append(self._answers.error(request_id, "INVALID_ARG", decode_errors[index]))
-                failures.append((item, FailureReason.OTHER))
-                continue
-            answer = self._answers.answer(item.delivery.message, next(result_iter), self.labels)
-            answers.append(answer)
-            if answer.error is None:
-                successes.append((index, item))
-            else:
-                # Triton: an error the model (backend) returned counts as reason BACKEND.
-                failures.append((item, FailureReason.BACKEND))
-                logger.debug(
-                    "request %s (client id '%s') of model '%s' failed: %s: %s",
-                    request_id,
-                    item.delivery.message.client_id,
-                    self._model,
-                    answer.error.code,
-                    answer.error.message,
-                )
+        answers, successes, failures = self._answers.of_batch(
+            held, results, decode_errors, self.labels
+        )
         done = self._clock()
         # The gateway answered "Request timeout expired" at the deadline: a request that
         # finished after it is answered and counted the same way, not as a success.
@@ -431,9 +413,11 @@ class InstanceLoop:
         # them, so a client that reads the statistics as soon as it has its answer finds
         # it counted even when the instance is preempted right after this write; the
         # acknowledgements go with the next read.
+        before = self._settle([h.delivery for h in held], answers, done)
         self._consumer.send_replies(
             [(h.delivery.message.reply_to, a) for h, a in zip(held, answers, strict=True)],
             self._accounts.commands(delta),
+            before=before,
         )
         if successes:
             self._consumer.defer(self._accounts.observe(durations, times, done))
@@ -443,6 +427,14 @@ class InstanceLoop:
             [h.delivery for h in held],
             defer=True,  # sent with the read that follows at once (one round trip)
         )
+
+    def _settle(
+        self, deliveries: Sequence[Delivery], answers: Sequence[InferResponseMessage], now: int
+    ) -> list[tuple[object, ...]]:
+        """The commits of sequence steps answered now, to go ahead of their answers."""
+        if self._sequences is None:
+            return []
+        return self._sequences.settle(list(zip(deliveries, answers, strict=True)), now)
 
     def _run_backend(self, requests: list[InferRequest]) -> list[InferResponse | InferError]:
         if not requests:

@@ -10,6 +10,7 @@ bounded by the supervisor's kill deadline).
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import signal
@@ -32,11 +33,12 @@ from sluice.broker.scheduling import ShapeKeys, StreamLayout, scheduling_policy
 from sluice.broker.settings import RedisSettings
 from sluice.broker.states import InstanceState, ModelState
 from sluice.broker.stats_store import fold_stats_shards, open_stats_shard
+from sluice.gpu_workers.answers import output_datatypes
 from sluice.gpu_workers.backends.base import InstanceContext, ModelCodeError
 from sluice.gpu_workers.backends.registry import backend_class
 from sluice.gpu_workers.classification import read_labels
 from sluice.gpu_workers.liveness import Liveness
-from sluice.gpu_workers.loop import DRAIN_LIMIT_NS, InstanceLoop, output_datatypes
+from sluice.gpu_workers.loop import DRAIN_LIMIT_NS, InstanceLoop
 from sluice.gpu_workers.processes import (
     EXIT_GRACE_S,
     HAND_OVER_SIGNAL,
@@ -44,7 +46,9 @@ from sluice.gpu_workers.processes import (
     triton_instance_name,
 )
 from sluice.gpu_workers.pulse import Pulse
+from sluice.gpu_workers.sequence_assembly import SequenceAssembly, initial_states
 from sluice.gpu_workers.warmup import run_warmup
+from sluice.repository.sequence_config import sequence_spec
 
 logger = logging.getLogger("gpu_workers")
 
@@ -137,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             for o in config.output
             if o.label_filename
         }
+        sequences = _sequence_assembly(client, keys, args, config)
         backend = backend_class(config.backend, args.model)()
         backend.initialize(ctx)
         run_warmup(backend, ctx)  # model_warmup runs before the instance is READY
@@ -146,7 +151,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     keys_layout = StreamLayout(keys, args.model, args.version, scheduling_policy(config))
-    consumer = StreamConsumer(client, keys_layout.streams(), args.instance)
+    streams = keys_layout.streams()
+    if sequences is not None:
+        # a sequence's steps come on the stream of the instance it is bound to
+        streams.append(keys.sequence_queue(args.model, args.version, args.instance))
+    consumer = StreamConsumer(client, streams, args.instance)
     consumer.ensure_groups()
     loop = InstanceLoop(
         consumer,
@@ -158,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         batching=config.max_batch_size > 0,
         load_id=args.load_id,
         rules=RequestRules.from_config(config),
+        sequences=sequences,
     )
     loop.drain_limit_ns = int(args.drain_timeout_secs * 1e9)
     liveness = Liveness(
@@ -170,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         # the heartbeat also from a process of its own: an execution holding the GIL
         # stops the thread's
         pulse=Pulse(args.redis_url, keys.instances(args.model, args.version), args.instance),
+        sequence_stream=None
+        if sequences is None
+        else functools.partial(keys.sequence_queue, args.model, args.version),
     )
     loop.housekeeping = liveness.recover
     loop.labels = labels
@@ -225,6 +238,23 @@ def main(argv: list[str] | None = None) -> int:
             consumer.close()
             client.close()
     return 0
+
+
+def _sequence_assembly(
+    client: redis.Redis, keys: KeySchema, args: argparse.Namespace, config: ModelConfig
+) -> SequenceAssembly | None:
+    """The sequence batcher of this instance (None without ``sequence_batching``).
+
+    Raises:
+        ConfigError, ValueError: the block is invalid or an initial state file is wrong.
+    """
+    if not config.HasField("sequence_batching"):
+        return None
+    spec = sequence_spec(config, args.model_dir)
+    return SequenceAssembly(
+        client, keys, args.model, args.version, spec, config.max_batch_size,
+        initial_states(spec), frozenset(t.name for t in config.output),
+    )  # fmt: skip
 
 
 #: how often a READY instance looks for its load's publication, in s.

@@ -162,6 +162,12 @@ def autocomplete_from_signature(
             field="max_batch_size",
         )
     batching = config.max_batch_size > 0
+    # the sequence batcher feeds control and state inputs and takes state outputs itself
+    seq = config.sequence_batching
+    fed = {c.name for c in seq.control_input} | {s.input_name for s in seq.state}
+    taken = {s.output_name for s in seq.state}
+    inputs = [sig for sig in inputs if sig.name not in fed]
+    outputs = [sig for sig in outputs if sig.name not in taken]
     if not config.input:
         for sig in inputs:
             _fill(config.input.add(), sig, batching=batching, model=model, kind="input")

@@ -21,6 +21,7 @@ from tritonclient.grpc.model_config_pb2 import (
 from sluice.repository.backend import ENSEMBLE_PLATFORM
 from sluice.repository.errors import ConfigError
 from sluice.repository.normalize import is_ensemble
+from sluice.repository.sequence_config import check_sequence_batching
 
 __all__ = ["validate"]
 
@@ -253,6 +254,7 @@ def validate(
     _check_tensors(check, config.output, "output", config.max_batch_size)
     _check_dynamic_batching(check, config)
     _check_sequence_batching(check, config)
+    check_sequence_batching(config, model_dir, check.path)
     if is_ensemble(config):
         _check_ensemble(check, config)
     else:

@@ -24,10 +24,18 @@ from sluice.broker.codec import CodecError, decode_request
 from sluice.broker.errors import ErrorCode, FailureReason, SluiceError
 from sluice.broker.keys import KeySchema
 from sluice.broker.messages import InferRequestMessage, InferResponseMessage
+from sluice.broker.model_store import LIVE_HEARTBEAT_NS
 from sluice.broker.multiplex import MultiplexedConnection
-from sluice.broker.producer import PAYLOAD_FIELD, QUEUE_FULL, Producer, enqueue_error
+from sluice.broker.producer import (
+    PAYLOAD_FIELD,
+    QUEUE_FULL,
+    Producer,
+    enqueue_error,
+    submit_step,
+)
 from sluice.broker.replies import ReplyRouter
 from sluice.broker.scheduling import StreamLayout
+from sluice.broker.sequences import SequenceStepInfo
 from sluice.broker.stats_store import StatsDelta
 
 __all__ = ["RequestQueue"]
@@ -69,7 +77,10 @@ class RequestQueue:
         self._background: set[asyncio.Future[None]] = set()
 
     def enqueue(
-        self, message: InferRequestMessage, view: ModelView
+        self,
+        message: InferRequestMessage,
+        view: ModelView,
+        step: SequenceStepInfo | None = None,
     ) -> asyncio.Future[InferResponseMessage]:
         """Queue ``message`` on its priority level's stream; the future of its answer.
 
@@ -77,8 +88,15 @@ class RequestQueue:
         with ``SluiceError`` UNAVAILABLE when Redis refuses the request (queue full:
         Triton ``max_queue_size``) or cannot be reached. Cancelling it takes the request
         off its stream if no instance has taken it yet (:meth:`_cancelled`).
+
+        A step of a sequence (``step``) goes to the stream of the instance its sequence is
+        bound to (:func:`~sluice.broker.producer.submit_step`); it fails with INVALID_ARG
+        without START on a sequence that is not live. A cancelled step stays queued and
+        runs: the steps after it wait for it, in order.
         """
         model, resolved = message.model, message.version
+        if step is not None and view.sequence is not None:
+            return self._enqueue_step(message, view, step)
         now_ns = message.enqueued_ns
         layout = self._layouts.get((model, resolved))
         if layout is None or layout.policy is not view.policy:
@@ -96,6 +114,33 @@ class RequestQueue:
             functools.partial(self._cancelled, stream, model, resolved, now_ns, queued),
         )
         queued.add_done_callback(functools.partial(self._queued, future, model, resolved, now_ns))
+        return future
+
+    def _enqueue_step(
+        self, message: InferRequestMessage, view: ModelView, step: SequenceStepInfo
+    ) -> asyncio.Future[InferResponseMessage]:
+        model, version = message.model, message.version
+        assert view.sequence is not None
+        idle_ms = view.sequence.spec.idle_us // 1000
+        waits_ms = max(0, message.deadline_ns - message.enqueued_ns) // 1_000_000
+        queued = asyncio.ensure_future(
+            submit_step(
+                self._connection,
+                (
+                    self._keys.sequence(model, version, step.tag),
+                    self._keys.instances(model, version),
+                    self._keys.sequence_queue(model, version, ""),
+                ),
+                message,
+                step,
+                LIVE_HEARTBEAT_NS,
+                max(1, idle_ms + waits_ms),
+            )
+        )
+        future = self._router.expect(message.request_id, message.deadline_ns)
+        queued.add_done_callback(
+            functools.partial(self._queued, future, model, version, message.enqueued_ns)
+        )
         return future
 
     def _queued(

@@ -279,6 +279,7 @@ class Submission:
             )
         if not checked:
             validate_request(view, inputs, outputs)
+        step = None if view.sequence is None else view.sequence.check(parameters, tuple(inputs))
         now_ns = time.time_ns()
         state = view.versions.get(resolved)
         message = InferRequestMessage(
@@ -297,7 +298,7 @@ class Submission:
         )
         if self.cache is not None and view.config.response_cache.enable:
             return self.cache.submit(message, functools.partial(self._queue.enqueue, message, view))
-        return self._queue.enqueue(message, view)
+        return self._queue.enqueue(message, view, step)
 
     @staticmethod
     def result(model: str, client_id: str, response: InferResponseMessage) -> InferResult:

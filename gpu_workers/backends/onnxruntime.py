@@ -122,11 +122,14 @@ def check_model_io(ctx: InstanceContext, session: Any) -> None:
             graph fixes its first dimension, naming the model and tensor.
     """
     graph_inputs = session.get_inputs()
-    if len(ctx.config.input) != len(graph_inputs):
+    seq = ctx.config.sequence_batching
+    fed = {c.name for c in seq.control_input} | {s.input_name for s in seq.state}
+    configured = len({t.name for t in ctx.config.input} | fed)
+    if configured != len(graph_inputs):
         # Triton onnxruntime_backend ValidateInputs: every graph input must be configured
         raise ValueError(
             f"unable to load model '{ctx.model_name}', configuration expects "
-            f"{len(ctx.config.input)} inputs, model provides {len(graph_inputs)}"
+            f"{configured} inputs, model provides {len(graph_inputs)}"
         )
     _check_tensors(ctx, "input", ctx.config.input, graph_inputs)
     _check_tensors(ctx, "output", ctx.config.output, session.get_outputs())

@@ -59,6 +59,17 @@ class TensorBackendAdapter:
             self._output_dims[tensor.name] = (tuple(tensor.dims), tensor.HasField("reshape"))
             datatype = config_to_protocol(model_config_type_name(tensor.data_type))
             self._output_dtypes[tensor.name] = NUMPY_DTYPES[datatype]
+        self._config_outputs = tuple(self._output_names)
+        # implicit state outputs (sequence batching): produced on every run and always
+        # returned, for the batcher to keep
+        self._state_outputs: tuple[str, ...] = ()
+        for state in config.sequence_batching.state:
+            if state.output_name not in self._output_dims:
+                self._output_names.append(state.output_name)
+                self._output_dims[state.output_name] = (tuple(state.dims), False)
+                datatype = config_to_protocol(model_config_type_name(state.data_type))
+                self._output_dtypes[state.output_name] = NUMPY_DTYPES[datatype]
+            self._state_outputs += (state.output_name,)
         self._ragged = frozenset(t.name for t in config.input if t.allow_ragged_batch)
         self._framework.load(ctx)
 
@@ -119,7 +130,9 @@ class TensorBackendAdapter:
             return [error] * len(requests)
         responses: list[InferResponse | InferError] = []
         for request, part, size in zip(requests, parts, sizes, strict=True):
-            wanted = request.requested_outputs or tuple(self._output_names)
+            wanted = request.requested_outputs or self._config_outputs
+            if self._state_outputs:
+                wanted = (*wanted, *(s for s in self._state_outputs if s not in wanted))
             outputs: dict[str, np.ndarray] = {}
             try:
                 for name in wanted:

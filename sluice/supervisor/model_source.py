@@ -53,8 +53,6 @@ def unsupported_feature(config: ModelConfig) -> str:
     rather than accepted and silently ignored."""
     if config.platform == "ensemble" or config.HasField("ensemble_scheduling"):
         return "the ensemble scheduler (platform 'ensemble')"
-    if config.HasField("sequence_batching"):
-        return "the sequence batcher (sequence_batching)"
     if config.model_transaction_policy.decoupled:
         return "a decoupled model_transaction_policy"
     return ""

@@ -22,8 +22,9 @@ from sluice.broker.messages import InferRequestMessage, WireTensor
 from sluice.broker.producer import PAYLOAD_FIELD
 from sluice.broker.scheduling import ShapeKeys, StreamLayout, scheduling_policy
 from sluice.broker.stats_store import StatsShard, open_stats_shard, read_stats
+from sluice.gpu_workers.answers import output_datatypes
 from sluice.gpu_workers.backends.base import InferRequest, InferResponse
-from sluice.gpu_workers.loop import InstanceLoop, output_datatypes
+from sluice.gpu_workers.loop import InstanceLoop
 
 CONFIG = """
 name: "m" max_batch_size: 8

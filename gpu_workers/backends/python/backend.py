@@ -159,6 +159,14 @@ class PythonBackend:
             for t in config.output
         }
         self._output_names = [t.name for t in config.output]
+        # implicit state outputs (sequence batching): the batcher takes them from every
+        # response, whether the client asked for them or not
+        self._state_outputs = frozenset(s.output_name for s in config.sequence_batching.state)
+        for state in config.sequence_batching.state:
+            self._outputs.setdefault(
+                state.output_name,
+                OutputSpec(state.output_name, state.data_type, tuple(state.dims), False),
+            )
         init = getattr(model, "initialize", None)
         if init is not None:
             try:
@@ -222,7 +230,14 @@ class PythonBackend:
                 f"not match the number of InferenceRequest objects ({len(requests)})",
             )
         return [
-            from_pb_response(resp, req, self._outputs, model=name, batching=self._batching)
+            from_pb_response(
+                resp,
+                req,
+                self._outputs,
+                model=name,
+                batching=self._batching,
+                keep=self._state_outputs,
+            )
             for resp, req in zip(responses, pb_requests, strict=True)
         ]
 

@@ -153,6 +153,7 @@ def from_pb_response(
     *,
     model: str,
     batching: bool,
+    keep: frozenset[str] = frozenset(),
 ) -> InferResponse | InferError:
     """``pb_utils.InferenceResponse`` -> our answer for one request.
 
@@ -163,7 +164,8 @@ def from_pb_response(
     response to the requested outputs (``InferResponse::PruneOutputTensors``) before
     Triton core sees it. BYTES outputs become ``object`` arrays
     of ``bytes``; a numeric output of another dtype than the config's is cast
-    to the config's dtype (the wire format follows the config).
+    to the config's dtype (the wire format follows the config). Outputs named in
+    ``keep`` (implicit state outputs) are kept whatever the request asked for.
     """
     if not isinstance(response, pb_utils.InferenceResponse):
         return InferError(
@@ -180,7 +182,7 @@ def from_pb_response(
     result: dict[str, np.ndarray] = {}
     for tensor in response.output_tensors():
         name = tensor.name()
-        if wanted and name not in wanted:
+        if wanted and name not in wanted and name not in keep:
             continue
         spec = outputs.get(name)
         if spec is None:  # asked for but not configured: the gateway refuses such requests
