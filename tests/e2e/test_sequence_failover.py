@@ -1,0 +1,177 @@
+"""Failover of live sequences: the instance that holds them is SIGKILLed while their
+steps are in flight, and every sequence finishes on the other instance from the state
+last committed in Redis, with exactly the values of an undisturbed run."""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from e2e_support import ROOT, Server, start_server, stop_server
+
+ASSETS = ROOT / "tests" / "assets" / "sequence_models"
+STEPS = 14
+
+
+@pytest.fixture(scope="module")
+def server(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    repo = tmp_path_factory.mktemp("seq-failover-repo")
+    shutil.copytree(ASSETS / "seq_py", repo / "seq_py")
+    started = start_server(repo, redis_url, repo.parent / "seq-failover.log")
+    try:
+        yield started
+    finally:
+        stop_server(started)
+
+
+def _inputs(module: object, x: int) -> list[object]:
+    tensor = module.InferInput("INPUT", [1, 1], "INT32")  # type: ignore[attr-defined]
+    tensor.set_data_from_numpy(np.array([[x]], dtype=np.int32))
+    return [tensor]
+
+
+class Run:
+    """What the clients saw: per sequence the (OUTPUT, PID, wall time) of every step."""
+
+    def __init__(self) -> None:
+        self.answers: dict[int, list[tuple[int, int, float]]] = {}
+        self.errors: list[str] = []
+        self.lock = threading.Lock()
+        #: set by the test once it has killed an instance: clients then go on
+        self.killed = threading.Event()
+        self.steps_before_kill = 4
+
+    def record(self, sid: int, output: int, pid: int) -> None:
+        with self.lock:
+            self.answers.setdefault(sid, []).append((output, pid, time.monotonic()))
+
+    def pace(self, k: int) -> None:
+        """Hold every client after its first steps until the kill, so that each sequence
+        has state committed before it and steps after it."""
+        if k == self.steps_before_kill:
+            self.killed.wait(60)
+        time.sleep(0.01)
+
+
+def _value(sid: int, k: int) -> int:
+    return sid * 7 + k * 3 + 1
+
+
+def _waiting_client(server: Server, run: Run, sid: int, protocol: str) -> None:
+    """One sequence sent step by step, each step waiting for its answer."""
+    module = httpclient if protocol == "http" else grpcclient
+    url = server.http_url if protocol == "http" else server.grpc_url
+    client = module.InferenceServerClient(url)  # type: ignore[attr-defined]
+    try:
+        for k in range(STEPS):
+            run.pace(k)
+            result = client.infer(
+                "seq_py", _inputs(module, _value(sid, k)), sequence_id=sid,
+                sequence_start=k == 0, sequence_end=k == STEPS - 1,
+            )  # fmt: skip
+            run.record(
+                sid, int(result.as_numpy("OUTPUT").item()), int(result.as_numpy("PID").item())
+            )
+    except Exception as exc:  # the test asserts there were none
+        with run.lock:
+            run.errors.append(f"sequence {sid} ({protocol}): {exc}")
+    finally:
+        client.close()
+
+
+def _stream_client(server: Server, run: Run, sids: list[int]) -> int:
+    """Several sequences on one gRPC stream, each step sent when the previous answer of
+    its sequence arrived. Returns how many responses arrived after the last expected one
+    (within one second): answered twice would show here."""
+    results: queue.Queue[object] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: results.put(error or result))
+
+    def send(sid: int, k: int) -> None:
+        client.async_stream_infer(
+            "seq_py", _inputs(grpcclient, _value(sid, k)), request_id=f"{sid}:{k}",
+            sequence_id=sid, sequence_start=k == 0, sequence_end=k == STEPS - 1,
+        )  # fmt: skip
+
+    held: list[int] = []
+    try:
+        for sid in sids:
+            send(sid, 0)
+        for _ in range(STEPS * len(sids)):
+            item = results.get(timeout=60)
+            if isinstance(item, Exception):
+                with run.lock:
+                    run.errors.append(f"stream: {item}")
+                return 0
+            sid, k = map(int, item.get_response().id.split(":"))  # type: ignore[attr-defined]
+            run.record(sid, int(item.as_numpy("OUTPUT").item()), int(item.as_numpy("PID").item()))  # type: ignore[attr-defined]
+            if k + 1 == run.steps_before_kill:
+                held.append(sid)  # sent together once the kill happened
+                if len(held) == len(sids):
+                    run.killed.wait(60)
+                    for each in held:
+                        send(each, k + 1)
+            elif k + 1 < STEPS:
+                send(sid, k + 1)
+        time.sleep(1.0)
+        return results.qsize()
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_sequences_finish_exactly_on_the_other_instance_after_a_sigkill(server: Server) -> None:
+    run = Run()
+    waiting = [(sid, "http" if sid % 2 else "grpc") for sid in range(501, 513)]
+    streamed = list(range(601, 605))
+    extra: list[int] = []
+    threads = [
+        threading.Thread(target=_waiting_client, args=(server, run, sid, protocol))
+        for sid, protocol in waiting
+    ]
+    threads.append(
+        threading.Thread(target=lambda: extra.append(_stream_client(server, run, streamed)))
+    )
+    for thread in threads:
+        thread.start()
+    every = [sid for sid, _ in waiting] + streamed
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with run.lock:
+            if all(len(run.answers.get(sid, [])) == run.steps_before_kill for sid in every):
+                break
+        time.sleep(0.02)
+    with run.lock:
+        holders = [pid for sid in every for _, pid, _ in run.answers.get(sid, [])[-1:]]
+    assert len(holders) == len(every), run.errors
+    # the instance holding the most live sequences dies; the clients go on at once, so
+    # their next steps are in flight (queued for it, or taken by it) when it is gone
+    victim = max(set(holders), key=holders.count)
+    os.kill(victim, signal.SIGKILL)
+    killed_at = time.monotonic()
+    run.killed.set()
+    for thread in threads:
+        thread.join(120)
+    assert not run.errors, run.errors
+    assert extra == [0]
+    moved = []
+    for sid in every:
+        answers = run.answers[sid]
+        expected = np.cumsum([_value(sid, k) for k in range(STEPS)]).tolist()
+        assert [output for output, _, _ in answers] == expected, sid
+        if answers[run.steps_before_kill - 1][1] == victim:
+            after = answers[run.steps_before_kill :]
+            assert all(pid != victim for _, pid, _ in after), sid
+            moved.append(after[0][2] - killed_at)
+    assert len(moved) == holders.count(victim) >= 1
+    print(f"failover: {len(moved)} sequences moved, first answer after the kill in "
+          f"{min(moved):.2f}-{max(moved):.2f} s")  # fmt: skip
