@@ -39,6 +39,10 @@ class KeySchema:
         (``u:<int>`` or ``s:<string>``). Expires after the sequence's idle time."""
         return f"{self.prefix}{{{model}}}:seq:{version}:{corrid}"
 
+    def is_sequence(self, key: str) -> bool:
+        """Whether ``key`` is a live sequence's hash (:meth:`sequence`) of this prefix."""
+        return key.startswith(self.prefix) and "}:seq:" in key
+
     def reply(self, gateway_id: str) -> str:
         """List a gateway process reads its responses from."""
         return f"{self.prefix}reply:{gateway_id}"

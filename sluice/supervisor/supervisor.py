@@ -140,7 +140,8 @@ class Supervisor:
 
     def reset_state(self) -> None:
         """Take this key prefix's deployment lease, then forget what an earlier server
-        with this prefix left (not its queues).
+        with this prefix left, except its queues and its live sequences (so that queued
+        requests run and sequences continue, within their idle time, after a restart).
 
         Raises:
             sluice.supervisor.deployment_lease.DeploymentTaken: another ``sluice serve`` runs
@@ -150,7 +151,7 @@ class Supervisor:
         self.lease.acquire()
         lease = self.keys.deployment().encode()
         for key in self.client.scan_iter(match=f"{self.options.key_prefix}*", count=1000):
-            if key == lease:
+            if key == lease or self.keys.is_sequence(key.decode(errors="replace")):
                 continue
             if self.client.type(key) != b"stream" or key == self.keys.control().encode():
                 self.client.delete(key)

@@ -10,13 +10,18 @@ import shutil
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from e2e_support import ROOT, Server, start_server, stop_server
+from tritonclient.utils import InferenceServerException
+
+from sluice.broker.redis_server import delete_prefix
 
 ASSETS = ROOT / "tests" / "assets" / "sequence_models"
 STEPS = 14
@@ -175,3 +180,44 @@ def test_sequences_finish_exactly_on_the_other_instance_after_a_sigkill(server: 
     assert len(moved) == holders.count(victim) >= 1
     print(f"failover: {len(moved)} sequences moved, first answer after the kill in "
           f"{min(moved):.2f}-{max(moved):.2f} s")  # fmt: skip
+
+
+def test_live_sequences_continue_across_a_restart_of_sluice_serve(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """``sluice serve`` stopped and started again on the same Redis and key prefix: the
+    sequences it was running continue from their committed state on the new instances,
+    without START; one that ended before the restart is not live any more."""
+    shutil.copytree(ASSETS / "seq_py", tmp_path / "seq_py")
+    prefix = f"sluice-e2e-{uuid.uuid4().hex[:8]}:"
+    first = start_server(tmp_path, redis_url, tmp_path / "one.log", key_prefix=prefix)
+    try:
+        client = httpclient.InferenceServerClient(first.http_url)
+        for sid in (71, 72):
+            for k in range(3):
+                result = client.infer(
+                    "seq_py", _inputs(httpclient, _value(sid, k)), sequence_id=sid,
+                    sequence_start=k == 0, sequence_end=sid == 72 and k == 2,
+                )  # fmt: skip
+        before_pid = int(result.as_numpy("PID").item())
+        client.close()
+    finally:
+        assert stop_server(first) == 0, first.log()
+    second = start_server(tmp_path, redis_url, tmp_path / "two.log", key_prefix=prefix)
+    try:
+        client = httpclient.InferenceServerClient(second.http_url)
+        outputs = []
+        for k in range(3, 6):
+            result = client.infer(
+                "seq_py", _inputs(httpclient, _value(71, k)), sequence_id=71,
+                sequence_end=k == 5,
+            )  # fmt: skip
+            outputs.append(int(result.as_numpy("OUTPUT").item()))
+        assert outputs == np.cumsum([_value(71, k) for k in range(6)]).tolist()[3:]
+        assert int(result.as_numpy("PID").item()) != before_pid
+        with pytest.raises(InferenceServerException, match="must specify the START flag"):
+            client.infer("seq_py", _inputs(httpclient, 1), sequence_id=72)
+        client.close()
+    finally:
+        stop_server(second)
+        delete_prefix(redis_url, prefix)
