@@ -18,7 +18,14 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from e2e_support import ROOT, Server, start_server, stop_server
+from e2e_support import (
+    ROOT,
+    Server,
+    start_gateway,
+    start_server,
+    stop_server,
+    wait_server_ready,
+)
 from tritonclient.utils import InferenceServerException
 
 from sluice.broker.redis_server import delete_prefix
@@ -221,3 +228,43 @@ def test_live_sequences_continue_across_a_restart_of_sluice_serve(
     finally:
         stop_server(second)
         delete_prefix(redis_url, prefix)
+
+
+def test_steps_through_two_gateways_keep_their_order(server: Server, tmp_path: Path) -> None:
+    """Each sequence's steps alternate between the server's gateway (HTTP) and a second
+    ``sluice gateway`` (gRPC) on the same Redis; eight sequences at once, each step
+    waiting for the previous answer: every running sum is exact."""
+    process, _, grpc_port = start_gateway(server.redis_url, server.key_prefix, tmp_path / "gw.log")
+    try:
+        second = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        wait_server_ready(second)
+        second.close()
+        got: dict[int, list[int]] = {}
+
+        def run(sid: int) -> None:
+            clients = (
+                httpclient.InferenceServerClient(server.http_url),
+                grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}"),
+            )
+            out = got.setdefault(sid, [])
+            for k in range(8):
+                client = clients[(k + sid) % 2]
+                module = httpclient if k % 2 == sid % 2 else grpcclient
+                result = client.infer(
+                    "seq_py", _inputs(module, _value(sid, k)), sequence_id=sid,
+                    sequence_start=k == 0, sequence_end=k == 7,
+                )  # fmt: skip
+                out.append(int(result.as_numpy("OUTPUT").item()))
+            for client in clients:
+                client.close()
+
+        threads = [threading.Thread(target=run, args=(sid,)) for sid in range(801, 809)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        for sid in range(801, 809):
+            assert got[sid] == np.cumsum([_value(sid, k) for k in range(8)]).tolist(), sid
+    finally:
+        process.terminate()
+        process.wait(30)
