@@ -21,7 +21,7 @@ import redis.asyncio
 import redis.exceptions
 
 from sluice.broker.codec import CodecError, decode_response
-from sluice.broker.errors import ErrorCode, SluiceError
+from sluice.broker.errors import TIMEOUT_TEXT, ErrorCode, SluiceError
 from sluice.broker.messages import InferResponseMessage
 from sluice.broker.outage import OutageLog
 from sluice.broker.resp import pack_pipeline
@@ -269,4 +269,4 @@ class _Popper(RedisProtocol):
 
 def _expire(future: asyncio.Future[InferResponseMessage]) -> None:
     if not future.done():
-        future.set_exception(SluiceError(ErrorCode.UNAVAILABLE, "Request timeout expired"))
+        future.set_exception(SluiceError(ErrorCode.UNAVAILABLE, TIMEOUT_TEXT))

@@ -25,7 +25,7 @@ import redis.exceptions
 
 from sluice.batching import Batch
 from sluice.broker.consumer import Delivery, StreamConsumer
-from sluice.broker.errors import FailureReason, stream_gone
+from sluice.broker.errors import TIMEOUT_TEXT, FailureReason, stream_gone
 from sluice.broker.messages import InferResponseMessage
 from sluice.broker.outage import OutageLog
 from sluice.broker.request_checks import RequestRules
@@ -35,7 +35,6 @@ from sluice.gpu_workers.accounting import Accounting
 from sluice.gpu_workers.answers import Answers
 from sluice.gpu_workers.backends.base import Backend, InferError, InferRequest, InferResponse
 from sluice.gpu_workers.batch_assembly import (
-    TIMEOUT_TEXT,
     BatchAssembly,
     Failure,
     backend_requests,

@@ -21,7 +21,7 @@ import redis.asyncio
 from sluice.api.handlers.shutdown import Shutdown
 from sluice.api.models import ModelView
 from sluice.broker.codec import CodecError, decode_request
-from sluice.broker.errors import ErrorCode, FailureReason, SluiceError
+from sluice.broker.errors import TIMEOUT_TEXT, ErrorCode, FailureReason, SluiceError
 from sluice.broker.keys import KeySchema
 from sluice.broker.messages import InferRequestMessage, InferResponseMessage
 from sluice.broker.model_store import LIVE_HEARTBEAT_NS
@@ -114,7 +114,92 @@ class RequestQueue:
             functools.partial(self._cancelled, stream, model, resolved, now_ns, queued),
         )
         queued.add_done_callback(functools.partial(self._queued, future, model, resolved, now_ns))
+        timeout_ns = view.policy.timeout_ns(level, _requested_timeout_us(message))
+        if timeout_ns is not None and view.policy.queue_policy(level).timeout_action == "REJECT":
+            self._reject_at(now_ns + timeout_ns, future, stream, model, resolved, now_ns, queued)
+        future.add_done_callback(
+            functools.partial(self._deadline_passed, stream, model, resolved, now_ns, queued)
+        )
         return future
+
+    def _deadline_passed(
+        self,
+        stream: str,
+        model: str,
+        version: int,
+        enqueued_ns: int,
+        queued: asyncio.Future[Any],
+        future: asyncio.Future[InferResponseMessage],
+    ) -> None:
+        """The client was answered "Request timeout expired" at the request's deadline:
+        take the request off its stream if no instance has taken it yet, so that it never
+        runs and no longer counts against ``max_queue_size`` (an instance that holds it
+        refuses it before running it)."""
+        if future.cancelled() or not isinstance(future.exception(), SluiceError):
+            return
+        if future.exception().message == TIMEOUT_TEXT:  # type: ignore[union-attr]
+            self._queue_timeout(future, stream, model, version, enqueued_ns, queued)
+
+    def _reject_at(
+        self,
+        when_ns: int,
+        future: asyncio.Future[InferResponseMessage],
+        stream: str,
+        model: str,
+        version: int,
+        enqueued_ns: int,
+        queued: asyncio.Future[Any],
+    ) -> None:
+        """At ``when_ns`` (wall clock), the request's queue timeout (Triton
+        ``ModelQueuePolicy`` with ``timeout_action: REJECT``): if no instance has taken
+        it yet it is taken off its stream and refused with UNAVAILABLE "Request timeout
+        expired", counted as a failure, reason REJECTED, at its timeout even while every
+        instance of the model is busy. One an instance holds is the instance's to
+        refuse (before it runs) or to run (it started before its timeout)."""
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(
+            max(0.0, (when_ns - time.time_ns()) / 1e9),
+            self._queue_timeout, future, stream, model, version, enqueued_ns, queued,
+        )  # fmt: skip
+        future.add_done_callback(lambda _: timer.cancel())
+
+    def _queue_timeout(
+        self,
+        future: asyncio.Future[InferResponseMessage],
+        stream: str,
+        model: str,
+        version: int,
+        enqueued_ns: int,
+        queued: asyncio.Future[Any],
+    ) -> None:
+        """Take the request off its stream (in the background) if no instance has taken
+        it; then fail ``future`` unless it is already done."""
+        if self._shutdown.exiting or not queued.done():
+            return
+        if queued.cancelled() or queued.exception() is not None:
+            return  # never queued: the client has its error
+        task = asyncio.ensure_future(
+            self._reject_queued(future, stream, queued.result(), model, version, enqueued_ns)
+        )
+        self._background.add(task)
+        task.add_done_callback(self._cancel_ended)
+
+    async def _reject_queued(
+        self,
+        future: asyncio.Future[InferResponseMessage],
+        stream: str,
+        entry_id: bytes,
+        model: str,
+        version: int,
+        enqueued_ns: int,
+    ) -> None:
+        async with asyncio.timeout(self._socket_timeout_s):
+            taken = await self._producer.cancel(
+                stream, entry_id, self._keys.stats(model, version),
+                time.time_ns() - enqueued_ns, FailureReason.REJECTED,
+            )  # fmt: skip
+        if taken and not future.done():
+            future.set_exception(SluiceError(ErrorCode.UNAVAILABLE, TIMEOUT_TEXT, model=model))
 
     def _enqueue_step(
         self, message: InferRequestMessage, view: ModelView, step: SequenceStepInfo
@@ -270,3 +355,9 @@ class RequestQueue:
                 if ids:
                     dropped += int(await self._redis.xdel(stream, *ids))
         return dropped
+
+
+def _requested_timeout_us(message: InferRequestMessage) -> int | None:
+    """The request's ``timeout`` parameter in µs (None: absent or 0, "not given")."""
+    timeout = message.parameters.get("timeout") if message.parameters else None
+    return int(timeout) if isinstance(timeout, int) and timeout > 0 else None
