@@ -47,6 +47,12 @@ class KeySchema:
         """List a gateway process reads its responses from."""
         return f"{self.prefix}reply:{gateway_id}"
 
+    def stream_credit(self, request_id: str) -> str:
+        """Integer: how many responses of a decoupled request its gateway has passed to
+        the client (the producer stays within a window of it); -1: the client cancelled.
+        Expires with the request's deadline."""
+        return f"{self.prefix}credit:{request_id}"
+
     def state(self, model: str) -> str:
         """Hash: version -> JSON ``{"state", "reason"}``."""
         return f"{self.prefix}{{{model}}}:state"

@@ -215,6 +215,8 @@ def backend_requests(held: Sequence[Held], model: str) -> tuple[list[InferReques
                 inputs,
                 message.outputs,
                 message.parameters,
+                message.reply_to,
+                message.deadline_ns,
             )
         )
     return requests, decode_errors

@@ -135,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
             device_id=args.device_id,
             model_dir=args.model_dir,
             version_dir=args.model_dir / str(args.version),
+            redis_url=args.redis_url,
+            key_prefix=args.key_prefix,
+            record_name=args.instance,
+            load_id=args.load_id,
         )
         labels = {
             o.name: read_labels(args.model_dir, o.label_filename, args.model, o.name)

@@ -19,6 +19,7 @@ from typing import Any
 import redis.asyncio
 
 from sluice.api.handlers.shutdown import Shutdown
+from sluice.api.handlers.stream_watch import InstanceWatch
 from sluice.api.models import ModelView
 from sluice.broker.codec import CodecError, decode_request
 from sluice.broker.errors import TIMEOUT_TEXT, ErrorCode, FailureReason, SluiceError
@@ -34,6 +35,7 @@ from sluice.broker.producer import (
     submit_step,
 )
 from sluice.broker.replies import ReplyRouter
+from sluice.broker.response_stream import ResponseStream
 from sluice.broker.scheduling import StreamLayout
 from sluice.broker.sequences import SequenceStepInfo
 from sluice.broker.stats_store import StatsDelta
@@ -75,6 +77,8 @@ class RequestQueue:
         self._layouts: dict[tuple[str, int], StreamLayout] = {}
         #: rejection counts and cancellations being written (kept referenced until done)
         self._background: set[asyncio.Future[None]] = set()
+        #: fails a decoupled request's responses when the instance sending them dies
+        self._watch = InstanceWatch(client, keys)
 
     def enqueue(
         self,
@@ -98,13 +102,7 @@ class RequestQueue:
         if step is not None and view.sequence is not None:
             return self._enqueue_step(message, view, step)
         now_ns = message.enqueued_ns
-        layout = self._layouts.get((model, resolved))
-        if layout is None or layout.policy is not view.policy:
-            layout = StreamLayout(self._keys, model, resolved, view.policy)
-            self._layouts[(model, resolved)] = layout
-        level = layout.level_of(int(message.parameters.get("priority", 0) or 0))
-        max_queue_size = view.policy.queue_policy(level).max_queue_size
-        stream = layout.stream(level)
+        stream, level, max_queue_size = self._route(message, view)
         # the XADD leaves at the end of this loop iteration: registered below before any
         # reply can come; its future keeps the entry id for a cancellation
         queued = self._producer.submit(stream, message, max_queue_size)
@@ -121,6 +119,50 @@ class RequestQueue:
             functools.partial(self._deadline_passed, stream, model, resolved, now_ns, queued)
         )
         return future
+
+    def _route(self, message: InferRequestMessage, view: ModelView) -> tuple[str, int, int]:
+        """The stream of ``message``'s priority level, the level and its max_queue_size."""
+        model, resolved = message.model, message.version
+        layout = self._layouts.get((model, resolved))
+        if layout is None or layout.policy is not view.policy:
+            layout = StreamLayout(self._keys, model, resolved, view.policy)
+            self._layouts[(model, resolved)] = layout
+        level = layout.level_of(int(message.parameters.get("priority", 0) or 0))
+        return layout.stream(level), level, view.policy.queue_policy(level).max_queue_size
+
+    def enqueue_stream(self, message: InferRequestMessage, view: ModelView) -> ResponseStream:
+        """Queue a request to a decoupled model; its responses arrive on the stream
+        returned (:mod:`sluice.broker.response_stream`). Cancelling the stream takes the
+        request off its queue if no instance has taken it yet, else tells the model
+        (``is_cancelled()``). A refused ``XADD`` fails the stream."""
+        model, resolved = message.model, message.version
+        stream_key, _, max_queue_size = self._route(message, view)
+        queued = self._producer.submit(stream_key, message, max_queue_size)
+        credit_key = self._keys.stream_credit(message.request_id)
+        ttl_ms = max(1, (message.deadline_ns - time.time_ns()) // 1_000_000)
+
+        def write_credit(count: int) -> None:
+            written = self._connection.call("SET", credit_key, count, "PX", ttl_ms)
+            written.add_done_callback(_ignore_result)
+
+        responses = self._router.expect_stream(
+            message.request_id, message.deadline_ns, write_credit
+        )
+        responses.model, responses.version = model, resolved
+        responses.on_cancel(
+            functools.partial(
+                self._cancelled, stream_key, model, resolved, message.enqueued_ns, queued
+            )
+        )
+        failed = asyncio.get_running_loop().create_future()
+        failed.add_done_callback(
+            lambda f: responses.fail(f.exception()) if f.exception() else None  # type: ignore[arg-type]
+        )
+        queued.add_done_callback(
+            functools.partial(self._queued, failed, model, resolved, message.enqueued_ns)
+        )
+        self._watch.add(responses)
+        return responses
 
     def _deadline_passed(
         self,
@@ -361,3 +403,10 @@ def _requested_timeout_us(message: InferRequestMessage) -> int | None:
     """The request's ``timeout`` parameter in µs (None: absent or 0, "not given")."""
     timeout = message.parameters.get("timeout") if message.parameters else None
     return int(timeout) if isinstance(timeout, int) and timeout > 0 else None
+
+
+def _ignore_result(future: asyncio.Future[Any]) -> None:
+    """Retrieve a fire-and-forget command's outcome (a lost credit write only slows the
+    producer down until the next one)."""
+    if not future.cancelled():
+        future.exception()

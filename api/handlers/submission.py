@@ -34,6 +34,7 @@ from sluice.broker.messages import (
 )
 from sluice.broker.replies import ReplyRouter
 from sluice.broker.request_checks import validate_request
+from sluice.broker.response_stream import ResponseStream
 
 __all__ = ["InferResult", "Submission"]
 
@@ -299,6 +300,43 @@ class Submission:
         if self.cache is not None and view.config.response_cache.enable:
             return self.cache.submit(message, functools.partial(self._queue.enqueue, message, view))
         return self._queue.enqueue(message, view, step)
+
+    def submit_stream(
+        self,
+        request_id: str,
+        view: ModelView,
+        resolved: int,
+        client_id: str,
+        inputs: Sequence[WireTensor],
+        outputs: Sequence[RequestedOutput],
+        parameters: dict[str, ParameterValue],
+        waited_ns: int = 0,
+    ) -> ResponseStream:
+        """Validate and queue one request to a decoupled model; its responses arrive on
+        the stream returned (gRPC streaming and the generate extension use it).
+
+        Raises:
+            SluiceError: at once, INVALID_ARG when the request does not match the model
+                config (:func:`validate_request`).
+        """
+        validate_request(view, inputs, outputs)
+        now_ns = time.time_ns()
+        state = view.versions.get(resolved)
+        message = InferRequestMessage(
+            request_id=request_id,
+            client_id=client_id,
+            model=view.name,
+            version=resolved,
+            inputs=tuple(inputs),
+            outputs=tuple(o.name for o in outputs),
+            parameters=parameters,
+            reply_to=self._router.reply_key,
+            deadline_ns=now_ns + self._timeout_ns - waited_ns,
+            enqueued_ns=now_ns,
+            classification={o.name: o.class_count for o in outputs if o.class_count > 0},
+            load_id=state.load_id if state is not None else "",
+        )
+        return self._queue.enqueue_stream(message, view)
 
     @staticmethod
     def result(model: str, client_id: str, response: InferResponseMessage) -> InferResult:

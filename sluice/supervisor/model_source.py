@@ -53,8 +53,8 @@ def unsupported_feature(config: ModelConfig) -> str:
     rather than accepted and silently ignored."""
     if config.platform == "ensemble" or config.HasField("ensemble_scheduling"):
         return "the ensemble scheduler (platform 'ensemble')"
-    if config.model_transaction_policy.decoupled:
-        return "a decoupled model_transaction_policy"
+    if config.model_transaction_policy.decoupled and config.backend != "python":
+        return f"a decoupled model_transaction_policy for backend '{config.backend}'"
     return ""
 
 

@@ -72,6 +72,8 @@ class InferenceRequest:
         self._parameters = (
             parameters if isinstance(parameters, str) else json.dumps(dict(parameters))
         )
+        #: a decoupled model's response sender for this request (set by the backend)
+        self._response_sender: Any = None
 
     def inputs(self) -> list[Tensor]:
         """The input tensors (only those the client sent)."""
@@ -114,16 +116,24 @@ class InferenceRequest:
         return self._model_version
 
     def is_cancelled(self) -> bool:
-        """Always False: Sluice does not propagate cancellation to Python models yet."""
-        return False
+        """Whether the client cancelled this request (a decoupled model's request whose
+        gRPC stream was closed or cancelled); always False for other models."""
+        sender = self._response_sender
+        return bool(sender is not None and sender.is_cancelled())
 
     def get_response_sender(self) -> Any:
-        """Decoupled response sender (not available).
+        """The response sender of a request to a decoupled model
+        (``send(response=None, flags=0)``, ``is_cancelled()``).
 
         Raises:
-            TritonModelException: always; decoupled models are not supported yet.
+            TritonModelException: the model is not decoupled.
         """
-        raise TritonModelException("decoupled models are not supported yet by Sluice")
+        if self._response_sender is None:
+            raise TritonModelException(
+                "the response sender is available to decoupled models only "
+                "(model_transaction_policy { decoupled: true })"
+            )
+        return self._response_sender
 
     def exec(self, decoupled: bool = False) -> InferenceResponse:
         """Run this request on ``model_name`` (BLS) and return its response.
