@@ -3,6 +3,7 @@ responses, over tritonclient's gRPC streaming."""
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import shutil
@@ -15,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from e2e_support import ROOT, Server, start_server, stop_server
@@ -27,6 +29,7 @@ MODEL = "decoupled_repeat"
 def server(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     repo = tmp_path_factory.mktemp("decoupled-repo")
     shutil.copytree(ROOT / "tests" / "assets" / "python_models" / MODEL, repo / MODEL)
+    shutil.copytree(ROOT / "examples" / "model_repository" / "add_sub", repo / "add_sub")
     started = start_server(repo, redis_url, repo.parent / "decoupled.log")
     try:
         yield started
@@ -202,3 +205,73 @@ def test_the_instance_sending_a_stream_dies_and_the_client_is_told_at_once(
         assert [_summary(i)[1] for i in again.take(3)] == [0, 1, 2]
     finally:
         again.close()
+
+
+def _events(response: requests.Response) -> Iterator[tuple[float, dict]]:
+    """(arrival time, JSON) of each Server-Sent Event of ``response``."""
+    for line in response.iter_lines():
+        if line.startswith(b"data: "):
+            yield time.monotonic(), json.loads(line[6:])
+
+
+def test_generate_stream_sends_each_response_as_an_event(server: Server) -> None:
+    url = f"{server.base}/v2/models/{MODEL}/generate_stream"
+    started = time.monotonic()
+    body = {"IN": 5, "id": "g1", "parameters": {"delay_ms": 100, "cancel_file": "/dev/null"}}
+    with requests.post(url, json=body, stream=True, timeout=30) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "text/event-stream; charset=utf-8"
+        events = list(_events(response))
+    assert [body["OUT"] for _, body in events] == [0, 1, 2, 3, 4]
+    assert {body["model_name"] for _, body in events} == {MODEL}
+    assert {body["id"] for _, body in events} == {"g1"}
+    assert {body["model_version"] for _, body in events} == {"1"}
+    # streamed: the first event came about 0.4 s before the last
+    assert events[-1][0] - events[0][0] > 0.25
+    assert events[0][0] - started < events[-1][0] - started - 0.25
+
+
+def test_generate_stream_error_after_the_first_response_is_an_event(server: Server) -> None:
+    url = f"{server.base}/v2/models/{MODEL}/generate_stream"
+    with requests.post(url, json={"IN": 4, "parameters": {"error_at": 2}}, stream=True,
+                       timeout=30) as response:  # fmt: skip
+        assert response.status_code == 200
+        bodies = [body for _, body in _events(response)]
+    assert [b.get("OUT") for b in bodies[:2]] == [0, 1]
+    assert bodies[2] == {"error": "failed at response 2"}
+    # an error before any response: a plain JSON error with its status
+    response = requests.post(url, json={"IN": 3, "parameters": {"error_at": 0}}, timeout=30)
+    assert response.status_code == 500 and response.json() == {"error": "failed at response 0"}
+    response = requests.post(url, json={"IN": 3, "NOPE": 1}, timeout=30)
+    assert response.status_code == 400 and "unexpected key 'NOPE'" in response.json()["error"]
+
+
+def test_generate_answers_one_json_object(server: Server) -> None:
+    response = requests.post(f"{server.base}/v2/models/{MODEL}/generate", json={"IN": 1},
+                             timeout=30)  # fmt: skip
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["model_name"], body["model_version"], body["OUT"]) == (MODEL, "1", 0)
+    many = requests.post(f"{server.base}/v2/models/{MODEL}/generate", json={"IN": 3}, timeout=30)
+    assert many.status_code == 500 and "use generate_stream" in many.json()["error"]
+    # a model that is not decoupled: its one answer, lists by input name
+    a = list(range(16))
+    plain = requests.post(
+        f"{server.base}/v2/models/add_sub/generate",
+        json={"INPUT0": a, "INPUT1": [1.0] * 16}, timeout=30,
+    ).json()  # fmt: skip
+    assert plain["OUTPUT0"] == [x + 1.0 for x in a] and plain["OUTPUT1"] == [x - 1.0 for x in a]
+
+
+def test_a_closed_sse_connection_stops_the_model(server: Server, tmp_path: Path) -> None:
+    marker = tmp_path / "sse-cancelled"
+    url = f"{server.base}/v2/models/{MODEL}/generate_stream"
+    body = {"IN": 1000, "parameters": {"delay_ms": 20, "cancel_file": str(marker)}}
+    with requests.post(url, json=body, stream=True, timeout=30) as response:
+        events = _events(response)
+        assert [next(events)[1]["OUT"] for _ in range(3)] == [0, 1, 2]
+    deadline = time.monotonic() + 10
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), "the model never saw the closed connection"
+    assert int(marker.read_text() or 0) < 200
