@@ -4,9 +4,10 @@ A decoupled model (``model_transaction_policy { decoupled: true }``) answers eac
 through ``request.get_response_sender()``: ``send(response, flags)`` any number of times,
 from ``execute`` or from a thread after it returned, ending with
 ``flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL`` (python_backend README, "Decoupled mode").
-Each response is encoded at once and handed to the instance's :class:`ResponsePump`,
-a thread that pushes them onto the requests' reply lists in order, several per round
-trip.
+Each response is encoded at once; a request's first response is pushed onto its reply
+list by the sending thread (the time to first response is what streaming clients
+watch), the others are handed to the instance's :class:`ResponsePump`, a thread that
+pushes them in order, several per round trip.
 
 Flow control and cancellation (:mod:`sluice.broker.response_stream`): ``send`` waits
 while the request has :data:`CREDIT_WINDOW` responses more than its gateway has passed
@@ -101,8 +102,12 @@ class ResponseSender:
             return
         self._pump.wait_for_credit(self, self.sent)
         answer = self._convert(self.request_id, response, final)
+        first = self.sent == 0
         self.sent += 1
-        self._pump.push(self, encode_response(answer), final)
+        if first:  # at once: the pump thread may wait for a GIL switch interval
+            self._pump.write_now(self, encode_response(answer), final)
+        else:
+            self._pump.push(self, encode_response(answer), final)
 
     def is_cancelled(self) -> bool:
         """Whether the client cancelled the request (it closed its stream)."""
@@ -167,7 +172,16 @@ class ResponsePump:
                 self._credit_changed.wait(_CREDIT_POLL_S * 5)
 
     def push(self, sender: ResponseSender, payload: bytes, final: bool) -> None:
+        """Queue a response for the pump thread."""
         self._queue.put((sender.reply_to, payload, sender.request_id, final))
+
+    def write_now(self, sender: ResponseSender, payload: bytes, final: bool) -> None:
+        """Send a request's first response from the calling thread (no later response of
+        it can be queued before it)."""
+        try:
+            self._write([(sender.reply_to, payload, sender.request_id, final)])
+        except redis.exceptions.RedisError as exc:
+            logger.warning("decoupled responses: Redis: %s", exc)
 
     def stop(self) -> None:
         """Send what is queued, then end the thread (bounded by 5 s)."""
