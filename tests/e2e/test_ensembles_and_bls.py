@@ -215,3 +215,80 @@ def test_load_errors_name_step_and_tensor(tmp_path: Path, redis_url: str) -> Non
         client.close()
     finally:
         assert stop_server(server) == 0, server.log()
+
+
+# -- BLS -------------------------------------------------------------------------------
+
+
+def test_bls_sync_exact(client: Any) -> None:
+    x = np.random.default_rng(7).standard_normal((2, 16)).astype(np.float32)
+    result = client.infer("bls_sync", _inputs(client, X=x))
+    np.testing.assert_array_equal(result.as_numpy("OUT"), x * 2 + x)
+
+
+def test_bls_async_exact(client: Any) -> None:
+    x = np.random.default_rng(8).standard_normal((1, 16)).astype(np.float32)
+    result = client.infer("bls_async", _inputs(client, X=x))
+    np.testing.assert_array_equal(result.as_numpy("SCALED"), x * 2)
+    np.testing.assert_array_equal(result.as_numpy("NEGATED"), -x)
+
+
+def test_bls_calls_batch_in_the_callee(ensemble_server: Server) -> None:
+    """Concurrent BLS calls (async_exec from a batch of requests) meet in the callee's
+    dynamic batcher: the statistics show fewer executions than calls."""
+    client = httpclient.InferenceServerClient(ensemble_server.http_url, concurrency=16)
+
+    def pyscale() -> tuple[int, int]:
+        stats = client.get_inference_statistics("pyscale")["model_stats"][0]
+        return stats["execution_count"], stats["inference_stats"]["success"]["count"]
+
+    before = pyscale()
+    xs = [np.full((1, 16), i, np.float32) for i in range(16)]
+    pending = [client.async_infer("bls_async", _inputs(client, X=x)) for x in xs]
+    for x, request in zip(xs, pending, strict=True):
+        np.testing.assert_array_equal(request.get_result().as_numpy("SCALED"), x * 2)
+    deadline = time.monotonic() + 10
+    while pyscale()[1] - before[1] < 16 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    executions, successes = (a - b for a, b in zip(pyscale(), before, strict=True))
+    assert successes == 16
+    assert executions < 16  # batched executions
+    client.close()
+
+
+@pytest.mark.parametrize(
+    ("target", "x", "timeout_us", "code", "message"),
+    [
+        ("nope", 1.0, 0, "404", "BLS: Request for unknown model: 'nope' is not found"),
+        (
+            "bls_errors",
+            1.0,
+            0,
+            "400",
+            "BLS: BLS request from model 'bls_errors' to itself is not allowed: its "
+            "instances may all be waiting for this answer",
+        ),
+        ("pyneg", 1e7, 0, "400", "BLS: value too large for pyneg"),
+        ("pysleep", 1.0, 300_000, "503", "BLS: Request timeout expired"),
+    ],
+)
+def test_bls_errors(
+    ensemble_server: Server, target: str, x: float, timeout_us: int, code: str, message: str
+) -> None:
+    client = httpclient.InferenceServerClient(ensemble_server.http_url)
+    started = time.monotonic()
+    with pytest.raises(InferenceServerException) as info:
+        client.infer(
+            "bls_errors",
+            _inputs(client, X=np.full((1, 16), x, np.float32)),
+            parameters={"target": target, "timeout_us": timeout_us},
+        )
+    assert (info.value.status(), info.value.message()) == (code, message)
+    assert time.monotonic() - started < 3.0  # no hang, not even for the slow model
+    result = client.infer(
+        "bls_errors",
+        _inputs(client, X=np.ones((1, 16), np.float32)),
+        parameters={"target": "pyneg"},
+    )
+    np.testing.assert_array_equal(result.as_numpy("OUT"), -np.ones((1, 16), np.float32))
+    client.close()
