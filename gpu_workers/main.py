@@ -147,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
         }
         sequences = _sequence_assembly(client, keys, args, config)
         backend = backend_class(config.backend, args.model)()
+        if config.backend == "python":
+            from sluice.gpu_workers.bls import install_bls
+
+            # before initialize: a model may call other models from there too
+            install_bls(args.redis_url, keys, args.model, args.instance)
         backend.initialize(ctx)
         run_warmup(backend, ctx)  # model_warmup runs before the instance is READY
     except Exception as exc:

@@ -34,7 +34,7 @@ EXTENSIONS = (
     "classification",
     "sequence",  # the sequence batcher and the sequence_id/start/end parameters
     "model_repository",
-    "model_repository(unload_dependents)",  # accepted; no ensembles, so no dependents
+    "model_repository(unload_dependents)",  # ensembles unload with their steps
     "schedule_policy",  # the request parameters priority and timeout
     "model_configuration",
     "binary_tensor_data",

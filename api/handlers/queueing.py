@@ -290,25 +290,34 @@ class RequestQueue:
         else:
             error = enqueue_error(exc, model)
         if isinstance(error, SluiceError) and error.message == QUEUE_FULL:
-            request_ns = max(0, time.time_ns() - enqueued_ns)
-            task = asyncio.ensure_future(self._count_rejection(model, version, request_ns))
-            self._background.add(task)
-            task.add_done_callback(self._counted)
+            delta = StatsDelta()
+            delta.failure(
+                request_ns=max(0, time.time_ns() - enqueued_ns), reason=FailureReason.REJECTED
+            )
+            self.count(model, version, delta)
         if not future.done():
             future.set_exception(error)
 
-    async def _count_rejection(self, model: str, version: int, request_ns: int) -> None:
-        delta = StatsDelta()
-        delta.failure(request_ns=request_ns, reason=FailureReason.REJECTED)
+    def count(self, model: str, version: int, delta: StatsDelta) -> None:
+        """Add ``delta`` to the version's gateway statistics hash, in the background (a
+        rejection, an ensemble request); a failure to write it is logged."""
+        task = asyncio.ensure_future(self._add_counts(model, version, delta))
+        self._background.add(task)
+        task.add_done_callback(self._counted)
+
+    async def _add_counts(self, model: str, version: int, delta: StatsDelta) -> None:
         key = self._keys.stats(model, version)
-        await self._connection.run_all(
-            [("HINCRBY", key, name, n) for name, n in delta.counts.items()]
-        )
+        commands: list[tuple[object, ...]] = [
+            ("HINCRBY", key, name, n) for name, n in delta.counts.items()
+        ]
+        if delta.last_inference_ms:
+            commands.append(("HSET", key, "last_inference_ms", delta.last_inference_ms))
+        await self._connection.run_all(commands)
 
     def _counted(self, task: asyncio.Future[None]) -> None:
         self._background.discard(task)
         if not task.cancelled() and (exc := task.exception()) is not None:
-            logger.warning("could not count a rejected request: %s", exc)
+            logger.warning("could not count a request in the statistics: %s", exc)
 
     def _cancelled(
         self,

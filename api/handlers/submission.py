@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sluice.api.handlers.ensembles import EnsembleRunner
 from sluice.api.handlers.queueing import RequestQueue
 from sluice.api.handlers.shutdown import Shutdown, shutting_down
 from sluice.api.models import ModelRegistry, ModelView
@@ -82,6 +83,7 @@ class Submission:
         #: request ids: this gateway's id + a counter, unique across gateways and cheap.
         self._id_prefix = f"{settings.gateway_id}-"
         self._ids = itertools.count()
+        self._ensembles = EnsembleRunner(registry, queue, self.next_request_id)
 
     async def infer(
         self,
@@ -297,6 +299,8 @@ class Submission:
             classification={o.name: o.class_count for o in outputs if o.class_count > 0},
             load_id=state.load_id if state is not None else "",
         )
+        if view.ensemble is not None:
+            return self._ensembles.submit(message, view)
         if self.cache is not None and view.config.response_cache.enable:
             return self.cache.submit(message, functools.partial(self._queue.enqueue, message, view))
         return self._queue.enqueue(message, view, step)

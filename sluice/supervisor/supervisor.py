@@ -357,7 +357,7 @@ class Supervisor:
                 if command.op == "load":
                     self.manager.load(command.model, command.config_json, command.files)
                 elif command.op == "unload":
-                    self.manager.unload(command.model)
+                    self.manager.unload(command.model, command.unload_dependents)
                 else:
                     raise SluiceError(ErrorCode.INVALID_ARG, f"unknown control op '{command.op}'")
             except (LoadError, SluiceError) as exc:
