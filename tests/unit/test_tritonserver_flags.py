@@ -23,6 +23,7 @@ SAMPLES = {
     "--metrics-config": "summary_latencies=true",
     "--cache-config": "local,size=1048576",
     "--load-model": "digits",
+    "--log-file": "/dev/null",  # opened when parsed
 }
 BY_FORM = {"<boolean>": "true", "<integer>": "1", "<float>": "1.5"}
 
