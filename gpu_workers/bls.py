@@ -14,10 +14,12 @@ queue or a passed deadline each come back as a response whose ``has_error()`` is
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import redis
@@ -28,10 +30,16 @@ from sluice.broker.codec import CodecError, decode_response, encode_request
 from sluice.broker.datatypes import from_numpy, to_numpy
 from sluice.broker.errors import ErrorCode, SluiceError
 from sluice.broker.keys import WORKER_GROUP, KeySchema
-from sluice.broker.messages import InferRequestMessage, RequestedOutput, WireTensor
+from sluice.broker.messages import (
+    InferRequestMessage,
+    InferResponseMessage,
+    RequestedOutput,
+    WireTensor,
+)
 from sluice.broker.model_store import ModelStore
 from sluice.broker.producer import PAYLOAD_FIELD, QUEUE_FULL
 from sluice.broker.request_checks import RequestRules, validate_request
+from sluice.broker.response_stream import CANCELLED_CREDIT, CREDIT_EVERY
 from sluice.broker.scheduling import StreamLayout, scheduling_policy
 from sluice.broker.scripts import BOUNDED_XADD
 from sluice.broker.states import ModelState
@@ -81,16 +89,96 @@ class BlsExecutor:
         self._instance = instance
         self._callees: dict[str, _Callee] = {}
 
-    def __call__(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
-        """Run ``request`` on its model; its answer, or an error response."""
+    def __call__(
+        self, request: pb_utils.InferenceRequest, decoupled: bool = False
+    ) -> pb_utils.InferenceResponse | Iterator[pb_utils.InferenceResponse]:
+        """Run ``request`` on its model; its answer, or an error response. With
+        ``decoupled`` (``exec(decoupled=True)``): an iterator over its responses, the
+        last one carrying the final flag (an empty response when the model sent the
+        flag alone), as python_backend's response iterator."""
         try:
-            return self._run(request)
+            message, callee = self._send(request)
+        except SluiceError as exc:
+            failed = _error(exc.code.value, exc.message)
+            return iter([failed]) if decoupled else failed
+        except redis.exceptions.RedisError as exc:
+            failed = _error("UNAVAILABLE", f"BLS request to model '{request.model_name()}': {exc}")
+            return iter([failed]) if decoupled else failed
+        if decoupled:
+            return self._responses(message)
+        if callee.config.model_transaction_policy.decoupled:
+            return _error(
+                "INVALID_ARG",
+                f"BLS request to model '{message.model}': the model is decoupled; call "
+                "exec(decoupled=True) and iterate over its responses",
+            )
+        try:
+            return self._answer(message)
         except SluiceError as exc:
             return _error(exc.code.value, exc.message)
         except redis.exceptions.RedisError as exc:
-            return _error("UNAVAILABLE", f"BLS request to model '{request.model_name()}': {exc}")
+            return _error("UNAVAILABLE", f"BLS request to model '{message.model}': {exc}")
 
-    def _run(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
+    def _responses(self, message: InferRequestMessage) -> Iterator[pb_utils.InferenceResponse]:
+        """The responses of a call, up to the final one. The count taken is written to
+        the call's credit key (the callee's flow control); an iterator dropped before the
+        end cancels the call."""
+        taken, finished = 0, False
+        credit_key = self._keys.stream_credit(message.request_id)
+        ttl_ms = max(1, (message.deadline_ns - time.time_ns()) // 1_000_000)
+        try:
+            while True:
+                try:
+                    response = self._pop(message)
+                except SluiceError as exc:
+                    finished = True
+                    yield _error(exc.code.value, exc.message)
+                    return
+                taken += 1
+                if taken % CREDIT_EVERY == 0:
+                    self._redis.set(credit_key, taken, px=ttl_ms)
+                finished = response.final or response.error is not None
+                if response.error is not None:
+                    yield _error(response.error.code, response.error.message)
+                    return
+                yield _response(response)
+                if finished:
+                    return
+        finally:
+            if not finished:
+                with contextlib.suppress(redis.exceptions.RedisError):
+                    self._redis.set(credit_key, CANCELLED_CREDIT, px=ttl_ms)
+
+    def _answer(self, message: InferRequestMessage) -> pb_utils.InferenceResponse:
+        response = self._pop(message)
+        if response.error is not None:
+            return _error(response.error.code, response.error.message)
+        return _response(response)
+
+    def _pop(self, message: InferRequestMessage) -> InferResponseMessage:
+        """The next response on the call's reply list, within its deadline.
+
+        Raises:
+            SluiceError: UNAVAILABLE "Request timeout expired"; INTERNAL for an
+                undecodable response.
+        """
+        popped = None
+        while popped is None and (left_s := (message.deadline_ns - time.time_ns()) / 1e9) > 0:
+            # in slices: one blocking pop stays well inside the client's socket timeout
+            popped = self._redis.blpop([message.reply_to], timeout=max(0.01, min(left_s, _POP_S)))
+        if popped is None:
+            raise SluiceError(ErrorCode.UNAVAILABLE, "Request timeout expired", model=message.model)
+        try:
+            return decode_response(popped[1])
+        except CodecError as exc:
+            raise SluiceError(ErrorCode.INTERNAL, str(exc), model=message.model) from None
+
+    def _send(self, request: pb_utils.InferenceRequest) -> tuple[InferRequestMessage, _Callee]:
+        """Check and queue the call; the queued message and its callee.
+
+        Raises:
+            SluiceError: the call is refused (see the module docstring).
+        """
         name = request.model_name()
         if name == self._model:
             raise SluiceError(
@@ -122,22 +210,7 @@ class BlsExecutor:
             load_id=callee.load_ids.get(version, ""),
         )
         self._queue(message, callee)
-        popped = None
-        while popped is None and (left_s := (message.deadline_ns - time.time_ns()) / 1e9) > 0:
-            # in slices: one blocking pop stays well inside the client's socket timeout
-            popped = self._redis.blpop([reply_key], timeout=max(0.01, min(left_s, _POP_S)))
-        if popped is None:
-            raise SluiceError(ErrorCode.UNAVAILABLE, "Request timeout expired", model=name)
-        try:
-            response = decode_response(popped[1])
-        except CodecError as exc:
-            raise SluiceError(ErrorCode.INTERNAL, str(exc), model=name) from None
-        if response.error is not None:
-            return _error(response.error.code, response.error.message)
-        tensors = [
-            pb_utils.Tensor(t.name, to_numpy(t.datatype, t.shape, t.data)) for t in response.outputs
-        ]
-        return pb_utils.InferenceResponse(tensors, parameters=dict(response.parameters))
+        return message, callee
 
     def _callee(self, name: str) -> _Callee:
         """The target model's config and READY versions (cached for a moment).
@@ -223,6 +296,13 @@ def _wire(tensor: pb_utils.Tensor) -> WireTensor:
     not match the callee's config is refused by the config check, naming the tensor)."""
     datatype, shape, data = from_numpy(tensor.as_numpy())
     return WireTensor(tensor.name(), datatype, tuple(shape), data)
+
+
+def _response(response: InferResponseMessage) -> pb_utils.InferenceResponse:
+    tensors = [
+        pb_utils.Tensor(t.name, to_numpy(t.datatype, t.shape, t.data)) for t in response.outputs
+    ]
+    return pb_utils.InferenceResponse(tensors, parameters=dict(response.parameters))
 
 
 def _error(code: str, message: str) -> pb_utils.InferenceResponse:

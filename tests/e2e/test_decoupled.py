@@ -30,6 +30,9 @@ def server(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     repo = tmp_path_factory.mktemp("decoupled-repo")
     shutil.copytree(ROOT / "tests" / "assets" / "python_models" / MODEL, repo / MODEL)
     shutil.copytree(ROOT / "examples" / "model_repository" / "add_sub", repo / "add_sub")
+    shutil.copytree(
+        ROOT / "tests" / "assets" / "python_models" / "bls_decoupled", repo / "bls_decoupled"
+    )
     started = start_server(repo, redis_url, repo.parent / "decoupled.log")
     try:
         yield started
@@ -275,3 +278,16 @@ def test_a_closed_sse_connection_stops_the_model(server: Server, tmp_path: Path)
         time.sleep(0.05)
     assert marker.exists(), "the model never saw the closed connection"
     assert int(marker.read_text() or 0) < 200
+
+
+def test_bls_iterates_over_a_decoupled_models_responses(server: Server) -> None:
+    """exec(decoupled=True) yields every response, the last one empty (the final flag
+    sent alone, as python_backend's iterator gives it); a plain exec() of a decoupled
+    model is an error response. 150 responses: past the flow-control window."""
+    client = httpclient.InferenceServerClient(server.http_url)
+    tensor = httpclient.InferInput("N", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([150], dtype=np.int32))
+    result = client.infer("bls_decoupled", [tensor])
+    assert result.as_numpy("OUTS").tolist() == list(range(150))
+    assert result.as_numpy("EMPTY_FINAL").tolist() == [1]
+    assert b"the model is decoupled" in result.as_numpy("PLAIN_ERROR")[0]

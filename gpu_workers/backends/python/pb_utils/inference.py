@@ -135,30 +135,31 @@ class InferenceRequest:
             )
         return self._response_sender
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
-        """Run this request on ``model_name`` (BLS) and return its response.
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run this request on ``model_name`` (BLS) and return its response; with
+        ``decoupled``, an iterator over its responses (a decoupled model's; the last one
+        has the final flag and may be empty).
 
         Like Triton, a failure of the target model is returned as a response
         whose ``has_error()`` is True.
 
         Raises:
-            TritonModelException: BLS is not available here, or ``decoupled`` was asked.
+            TritonModelException: BLS is not available here.
         """
-        if decoupled:
-            raise TritonModelException("decoupled BLS requests are not supported yet by Sluice")
         executor = bls.executor
         if executor is None:
             raise TritonModelException(
                 "BLS is not available: this process has no inference executor"
             )
         try:
-            return executor(self)
+            return executor(self, decoupled) if decoupled else executor(self)
         except TritonModelException:
             raise
         except Exception as exc:
-            return InferenceResponse(error=TritonError(str(exc), TritonError.INTERNAL))
+            failed = InferenceResponse(error=TritonError(str(exc), TritonError.INTERNAL))
+            return iter([failed]) if decoupled else failed
 
-    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
+    async def async_exec(self, decoupled: bool = False) -> Any:
         """:meth:`exec` in a worker thread, for ``async def execute`` models."""
         return await asyncio.to_thread(self.exec, decoupled)
 
