@@ -138,7 +138,8 @@ class ModelRegistry:
 
         Raises:
             SluiceError: NOT_FOUND "Request for unknown model: 'm' is not found" when
-                the model never loaded.
+                the model never loaded, "... has no available versions" when its load
+                failed (Triton's texts).
         """
         view = None if fresh else self.cached(name)
         if view is not None:
@@ -160,9 +161,12 @@ class ModelRegistry:
         record = await self._store.get(name)
         if not record.config_json or not record.versions:
             self._views.pop(name, None)
+            # Triton: a model whose load failed has versions (UNAVAILABLE) and answers
+            # "has no available versions"; one never loaded is "not found"
             raise SluiceError(
                 ErrorCode.NOT_FOUND,
-                f"Request for unknown model: '{name}' is not found",
+                f"Request for unknown model: '{name}' "
+                + ("has no available versions" if record.versions else "is not found"),
                 model=name,
             )
         view = build_view(record)

@@ -340,6 +340,22 @@ def test_load_failure_reports_reason(explicit_server: Server) -> None:
     entry = _index(client)[("broken", "1")]
     assert entry["state"] == "UNAVAILABLE" and entry["reason"]
     assert client.is_model_ready("add_sub")
+    # what Triton 2.51 answers about a model whose load failed, and one that does not exist
+    assert not client.is_model_ready("broken")
+    for path, method in (("infer", "post"), ("", "get"), ("config", "get")):
+        answer = getattr(requests, method)(
+            f"{explicit_server.base}/v2/models/broken{'/' + path if path else ''}",
+            json={"inputs": []}, timeout=30,
+        )  # fmt: skip
+        assert answer.status_code == 404
+        assert answer.json() == {
+            "error": "Request for unknown model: 'broken' has no available versions"
+        }
+    missing = requests.post(f"{explicit_server.base}/v2/repository/models/nosuch/load", timeout=30)
+    assert missing.status_code == 500
+    assert missing.json() == {
+        "error": "failed to load 'nosuch', failed to poll from model repository"
+    }
 
 
 def test_unload_while_32_requests_in_flight(explicit_server: Server) -> None:
