@@ -77,6 +77,7 @@ class ResponseSender:
         self._convert = convert
         self.sent = 0
         self.closed = False
+        self._cancelled = False
         self._lock = threading.Lock()
 
     def send(self, response: Any = None, flags: int = 0) -> None:
@@ -96,11 +97,15 @@ class ResponseSender:
             if response is None and not final:
                 raise TritonModelException("Response must be set or the final flag must be set")
             self.closed = final
-        if self._pump.cancelled(self.request_id) or 0 < self.deadline_ns <= time.time_ns():
+        if self.is_cancelled() or 0 < self.deadline_ns <= time.time_ns():
             if final:
                 self._pump.forget(self.request_id)
             return
         self._pump.wait_for_credit(self, self.sent)
+        if self.is_cancelled():  # while it waited for credit
+            if final:
+                self._pump.forget(self.request_id)
+            return
         answer = self._convert(self.request_id, response, final)
         first = self.sent == 0
         self.sent += 1
@@ -110,8 +115,11 @@ class ResponseSender:
             self._pump.push(self, encode_response(answer), final)
 
     def is_cancelled(self) -> bool:
-        """Whether the client cancelled the request (it closed its stream)."""
-        return self._pump.cancelled(self.request_id)
+        """Whether the client cancelled the request (it closed its stream); once true,
+        true for good."""
+        if not self._cancelled:
+            self._cancelled = self._pump.cancelled(self.request_id)
+        return self._cancelled
 
 
 class ResponsePump:
