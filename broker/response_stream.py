@@ -75,10 +75,12 @@ class ResponseStream:
             self._close()
 
     def fail(self, error: BaseException) -> None:
-        """End the stream with ``error`` (raised by the next iteration step)."""
+        """End the stream with ``error`` (raised by the next iteration step); the
+        producer is told to stop as if the client had cancelled."""
         if self.done:
             return
         self._queue.put_nowait(error)
+        self._write_credit(CANCELLED_CREDIT)
         self._close()
 
     def cancel(self) -> None:

@@ -234,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if _await_publication(store, args, loop.stopping):
             loop.run()
+        finish_streams = getattr(backend, "finish_streams", None)
+        if finish_streams is not None:  # a decoupled model's streams still sending
+            finish_streams(args.drain_timeout_secs)
         _fold_stats(client, keys, args)
     finally:
         liveness.stop()

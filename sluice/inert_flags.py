@@ -59,6 +59,9 @@ INERT_FLAGS: dict[str, str] = {
     "--host-policy": "there are no host policies",
     "--model-load-gpu-limit": "loads are not refused by GPU memory use",
     "--response-cache-byte-size": "the response cache is set with --cache-config local,size=N",
+    # flags of tritonserver releases after 2.51
+    "--http-max-input-size": "the request body limit is SLUICE_HTTP__MAX_BODY_BYTES",
+    "--grpc-max-response-pool-size": "gRPC responses are not pooled",
 }
 
 logger = logging.getLogger("sluice")
@@ -79,12 +82,12 @@ def add_inert_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def warn_inert_flags(args: argparse.Namespace) -> list[str]:
-    """Log one warning per inert flag that was given; returns the lines logged."""
+    """Log one warning per inert flag given (each value of a repeated one); returns the
+    lines logged."""
     lines = []
     for flag, reason in INERT_FLAGS.items():
-        values = getattr(args, _dest(flag), None)
-        if values:
-            lines.append(f"{flag}={values[-1]} has no effect in Sluice: {reason}")
+        for value in getattr(args, _dest(flag), None) or ():
+            lines.append(f"{flag}={value} has no effect in Sluice: {reason}")
             logger.warning("%s", lines[-1])
     return lines
 

@@ -15,6 +15,7 @@ with its status; one after it is an event ``data: {"error": "..."}`` (the status
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -129,16 +130,39 @@ def _raise_error(model: str, message: InferResponseMessage) -> None:
         raise SluiceError(message.error.code, message.error.message, model=model)
 
 
-async def generate(request: Request, model_name: str, model_version: int | None = None) -> Response:
-    """``/generate``: the model's one response as a JSON object."""
-    model, client_id, responses = await _responses(request, model_name, model_version)
-    found: list[InferResponseMessage] = []
+async def _until_disconnected(request: Request) -> None:
+    """Return once the client has closed its connection."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _collect(model: str, responses: AsyncIterator[InferResponseMessage]) -> list[Any]:
+    found = []
     async for message in responses:
         _raise_error(model, message)
         found.append(message)
+    return found
+
+
+async def generate(request: Request, model_name: str, model_version: int | None = None) -> Response:
+    """``/generate``: the model's one response as a JSON object. A client that closes
+    its connection before the answer cancels the request (a decoupled model sees
+    ``is_cancelled()``; a queued request is taken off its queue)."""
+    model, client_id, responses = await _responses(request, model_name, model_version)
+    collect = asyncio.ensure_future(_collect(model, responses))
+    gone = asyncio.ensure_future(_until_disconnected(request))
+    try:
+        await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not collect.done():
+            collect.cancel()
+    if not collect.done() or collect.cancelled():
+        return Response(status_code=499)  # nobody is there to read it
+    found = collect.result()
     if len(found) != 1:
         raise SluiceError(
-            ErrorCode.INTERNAL if found else ErrorCode.UNAVAILABLE,
+            ErrorCode.INTERNAL,
             f"model '{model}' sent {len(found)} responses; the generate endpoint returns "
             "exactly one (use generate_stream)",
             model=model,

@@ -70,6 +70,8 @@ def test_inert_flags_warn_once_each_with_the_reason(caplog: pytest.LogCaptureFix
     with caplog.at_level(logging.WARNING, logger="sluice"):
         lines = warn_inert_flags(args)
     assert lines == [
+        "--backend-config=python,shm-default-byte-size=1048576 has no effect in Sluice: "
+        + INERT_FLAGS["--backend-config"],
         "--backend-config=onnxruntime,default-max-batch-size=4 has no effect in Sluice: "
         + INERT_FLAGS["--backend-config"],
         "--pinned-memory-pool-byte-size=0 has no effect in Sluice: "

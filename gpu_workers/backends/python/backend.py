@@ -270,6 +270,14 @@ class PythonBackend:
             for resp, req in zip(responses, pb_requests, strict=True)
         ]
 
+    def finish_streams(self, timeout_s: float) -> bool:
+        """Before the instance stops (shutdown, or a reload handing over): wait, at most
+        ``timeout_s``, until a decoupled model has sent the final flag of every request
+        it took; True when none is left open."""
+        if self._pump is None:
+            return True
+        return self._pump.wait_idle(timeout_s)
+
     def _convert(self, pb_request: Any, response: Any) -> InferResponse | InferError:
         assert self._ctx is not None
         return from_pb_response(

@@ -97,7 +97,7 @@ class ResponseSender:
             if response is None and not final:
                 raise TritonModelException("Response must be set or the final flag must be set")
             self.closed = final
-        if self.is_cancelled() or 0 < self.deadline_ns <= time.time_ns():
+        if self.is_cancelled():
             if final:
                 self._pump.forget(self.request_id)
             return
@@ -115,10 +115,13 @@ class ResponseSender:
             self._pump.push(self, encode_response(answer), final)
 
     def is_cancelled(self) -> bool:
-        """Whether the client cancelled the request (it closed its stream); once true,
-        true for good."""
+        """Whether the client cancelled the request (it closed its stream or its call)
+        or the request's deadline passed (its client was answered "Request timeout
+        expired"); once true, true for good."""
         if not self._cancelled:
-            self._cancelled = self._pump.cancelled(self.request_id)
+            self._cancelled = self._pump.cancelled(self.request_id) or (
+                0 < self.deadline_ns <= time.time_ns()
+            )
         return self._cancelled
 
 
@@ -190,6 +193,19 @@ class ResponsePump:
             self._write([(sender.reply_to, payload, sender.request_id, final)])
         except redis.exceptions.RedisError as exc:
             logger.warning("decoupled responses: Redis: %s", exc)
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) until every request has sent its final flag and
+        the pump has written what it holds; whether it did."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                open_now = len(self._open)
+            if not open_now and self._queue.empty():
+                return True
+            time.sleep(0.01)
+        logger.warning("decoupled responses: %d request(s) still open at exit", len(self._open))
+        return False
 
     def stop(self) -> None:
         """Send what is queued, then end the thread (bounded by 5 s)."""
