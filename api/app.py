@@ -24,6 +24,7 @@ from sluice.api.access import AccessPolicy, http_group
 from sluice.api.dataplane import DataPlane
 from sluice.api.errors import client_error
 from sluice.api.http.infer import InferEndpoint
+from sluice.api.http.jobs import router as jobs_router
 from sluice.api.http.routes import error_response, router
 from sluice.api.models import ModelRegistry
 from sluice.api.settings import GatewaySettings
@@ -94,6 +95,7 @@ def create_app(settings: GatewaySettings, dataplane: DataPlane) -> FastAPI:
     app.state.settings = settings
     app.state.dataplane = dataplane
     app.include_router(router)
+    app.include_router(jobs_router)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     # Exception's handler runs in Starlette's ServerErrorMiddleware, which answers and then

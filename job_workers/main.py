@@ -1,0 +1,119 @@
+"""Job worker process entry (``sluice jobs`` / ``python -m sluice.job_workers.main``).
+
+A Celery worker (thread pool) that runs async jobs: any number of them may run against
+one deployment, on any machine that reaches its Redis. SIGTERM or SIGINT stops it
+warmly: the jobs it runs stop taking rows, write what was answered and put their task
+back on the queue, for another worker (or this one, started again) to go on with. A job
+worker that is killed loses nothing either: its tasks are delivered again once the
+visibility timeout has passed (docs/user-guide/jobs.md, Faults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+import warnings
+
+from sluice.broker.logs import LogOptions, configure_logging
+from sluice.job_workers.settings import JobWorkerSettings
+
+__all__ = ["add_job_arguments", "main", "settings_from_args"]
+
+logger = logging.getLogger(__name__)
+
+#: Celery's loggers, quiet (warnings and errors) unless ``--log-verbose`` is set: a
+#: retried task logs an INFO line, and a long job's task is retried every few seconds.
+_CELERY_LOGGERS = ("celery", "kombu")
+
+
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """The job worker's flags (defaults come from ``JobWorkerSettings`` / ``SLUICE_*``)."""
+    parser.add_argument("--redis-url", default=None, help="Redis URL (SLUICE_REDIS__URL)")
+    parser.add_argument("--key-prefix", default=None, help="Redis key prefix (sluice:)")
+    parser.add_argument(
+        "--concurrency", type=int, default=None, help="jobs this process runs at once (8)"
+    )
+    parser.add_argument("--log-verbose", type=int, default=None)
+
+
+def settings_from_args(args: argparse.Namespace) -> JobWorkerSettings:
+    """Environment/.env settings, overridden by the flags that were given."""
+    settings = JobWorkerSettings()
+    redis_update = {
+        k: v for k, v in (("url", args.redis_url), ("key_prefix", args.key_prefix)) if v
+    }
+    update: dict[str, object] = {"redis": settings.redis.model_copy(update=redis_update)}
+    if args.concurrency is not None:
+        update["job_worker"] = settings.job_worker.model_copy(
+            update={"concurrency": args.concurrency}
+        )
+    if args.log_verbose is not None:
+        update["log_verbose"] = args.log_verbose
+    return settings.model_copy(update=update)
+
+
+def run_job_worker(settings: JobWorkerSettings) -> int:
+    """Serve jobs until SIGTERM/SIGINT; returns the exit code."""
+    from celery import signals
+
+    from sluice.broker.celery_app import job_app
+    from sluice.broker.keys import KeySchema
+    from sluice.job_workers.runner import JobRunner
+    from sluice.job_workers.tasks import register_tasks
+
+    options = settings.job_worker
+    app = job_app(
+        settings.redis.url,
+        KeySchema(settings.redis.key_prefix),
+        visibility_timeout_s=options.visibility_timeout_s,
+        result_expires_s=options.result_expires_s,
+    )
+    runner = JobRunner(settings)
+    runner.start()
+    register_tasks(app, runner)
+
+    def stopping(**_: object) -> None:
+        runner.stopping.set()
+
+    signals.worker_shutting_down.connect(stopping, weak=False)
+    # Celery warns when it runs as root; containers commonly do, and json is the only
+    # content accepted (no pickle), which is what the warning is about
+    warnings.filterwarnings("ignore", message=".*superuser privileges.*")
+    worker = app.Worker(
+        hostname=f"{settings.worker_id}@{socket.gethostname()}",
+        pool_cls="threads",
+        concurrency=options.concurrency,
+        without_mingle=True,
+        without_gossip=True,
+        quiet=True,
+        loglevel="DEBUG" if settings.log_verbose else "INFO",
+    )
+    if settings.log_verbose == 0:  # after the worker set its loggers up
+        for name in _CELERY_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+    logger.info(
+        "job worker %s: %d jobs at once, queue '%sjobs'",
+        settings.worker_id,
+        options.concurrency,
+        KeySchema(settings.redis.key_prefix).celery_prefix(),
+    )
+    try:
+        worker.start()
+    finally:
+        runner.close()
+    return int(worker.exitcode or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``sluice jobs``."""
+    parser = argparse.ArgumentParser(prog="sluice jobs", description=__doc__.splitlines()[0])
+    add_job_arguments(parser)
+    settings = settings_from_args(parser.parse_args(argv))
+    configure_logging("jobs", LogOptions.from_env(verbose=settings.log_verbose))
+    return run_job_worker(settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
