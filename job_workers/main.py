@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import socket
 import sys
 import warnings
@@ -78,10 +79,20 @@ def run_job_worker(settings: JobWorkerSettings) -> int:
         runner.stopping.set()
 
     signals.worker_shutting_down.connect(stopping, weak=False)
+    # started by ``sluice serve`` (SIGINT ignored): a terminal's Ctrl-C reaches the whole
+    # process group, and the supervisor stops its children itself (SIGTERM)
+    sigint_ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+    class Worker(app.Worker):  # type: ignore[name-defined,misc]
+        def install_platform_tweaks(self, worker: object) -> None:
+            super().install_platform_tweaks(worker)
+            if sigint_ignored:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+
     # Celery warns when it runs as root; containers commonly do, and json is the only
     # content accepted (no pickle), which is what the warning is about
     warnings.filterwarnings("ignore", message=".*superuser privileges.*")
-    worker = app.Worker(
+    worker = Worker(
         hostname=f"{settings.worker_id}@{socket.gethostname()}",
         pool_cls="threads",
         concurrency=options.concurrency,
