@@ -296,7 +296,7 @@ class JobClient:
     ) -> dict[str, Any]:
         """Poll until the job is final; returns it. ``progress``: a line on standard
         error (or this stream), redrawn in place on a terminal. Connection errors (a
-        gateway restarting) are waited out.
+        gateway restarting) and 5xx answers are waited out.
 
         Raises:
             TimeoutError: ``timeout_s`` passed first.
@@ -310,7 +310,11 @@ class JobClient:
             try:
                 job = self.get(job_id)
             except (urllib.error.URLError, ConnectionError, TimeoutError):
-                job = None
+                job = None  # the gateway restarts, or is out of reach for a moment
+            except JobError as exc:
+                if exc.status < 500:
+                    raise
+                job = None  # the gateway cannot reach Redis for a moment
             if job is not None and stream is not None:
                 line = progress_text(job, time.monotonic() - started)
                 if tty:
