@@ -322,3 +322,23 @@ def _job_samples(server: Server) -> dict[str, float]:
             name, value = line.rsplit(" ", 1)
             samples[name] = float(value)
     return samples
+
+
+def test_the_dashboard_lists_jobs(server: Server) -> None:
+    job_id = submit(
+        server.base, "add_sub", jsonl([add_sub_row(i) for i in range(20)]), headers=JSONL
+    )
+    wait_state(server.base, job_id)
+    deadline = time.monotonic() + 30
+    entry = None
+    while entry is None and time.monotonic() < deadline:
+        data = requests.get(f"{server.base}/dashboard/data", timeout=5).json()
+        entry = next((j for j in data["jobs"] if j["id"] == job_id), None)
+        time.sleep(0.5)  # sampled every 2 s
+    assert entry is not None
+    assert {k: entry[k] for k in ("kind", "model", "state", "total", "completed", "failed")} == {
+        "kind": "bulk", "model": "add_sub", "state": "SUCCESS",
+        "total": 20, "completed": 20, "failed": 0,
+    }  # fmt: skip
+    page = requests.get(f"{server.base}/dashboard", timeout=5).text
+    assert '<table id="jobs">' in page and "renderJobs" in page
