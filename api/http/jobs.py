@@ -28,7 +28,7 @@ from sluice.broker.errors import invalid_arg
 from sluice.broker.job_records import JobKind, JobRequest
 from sluice.broker.states import JobState
 
-__all__ = ["JSONL_TYPES", "job_fields", "router"]
+__all__ = ["JSONL_TYPES", "bulk_input_file", "job_fields", "router"]
 
 router = APIRouter()
 
@@ -119,7 +119,7 @@ def _ttl(request: Request) -> int | None:
         raise invalid_arg(f"'ttl_secs' must be a whole number of seconds, got '{raw}'") from None
 
 
-def _input_file(body: bytes, content_type: str) -> str | None:
+def bulk_input_file(body: bytes, content_type: str) -> str | None:
     """The ``input_file`` of a small JSON body that names one (and no ``inputs``)."""
     if len(body) > _FILE_REQUEST_BYTES or content_type not in ("", "application/json"):
         return None
@@ -146,7 +146,7 @@ async def _submit(request: Request, model: str, version: int | None) -> Response
     if content_type in JSONL_TYPES:
         record = await jobs.submit_bulk(view, version, raw, ttl_s)
     elif b"inference-header-content-length" not in headers and (
-        input_file := _input_file(raw, content_type)
+        input_file := bulk_input_file(raw, content_type)
     ):
         record = await jobs.submit_bulk_file(view, version, input_file, ttl_s)
     else:
