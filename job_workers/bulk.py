@@ -104,7 +104,7 @@ class _Bulk:
     def send(self, view: ModelView, resolved: int) -> None:
         """Fill the window with rows (refused ones get their error line at once)."""
         record, sub = self.ctx.record, self.ctx.submission
-        window = self.window or max(16, 4 * view.max_batch_size)
+        window = self.window or max(16, 2 * view.max_batch_size)
         deadline_ns = min(
             record.deadline_ns,
             time.time_ns() + int(self.ctx.settings.job_worker.row_timeout_s * 1e9),

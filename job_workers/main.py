@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import socket
 import sys
@@ -65,6 +66,8 @@ def run_job_worker(settings: JobWorkerSettings) -> int:
     from sluice.job_workers.tasks import register_tasks
 
     options = settings.job_worker
+    if options.nice:
+        os.nice(options.nice)
     app = job_app(
         settings.redis.url,
         KeySchema(settings.redis.key_prefix),

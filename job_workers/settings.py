@@ -29,8 +29,11 @@ class JobWorkerOptions(BaseModel):
     """How long a job stays claimed by a worker that stops renewing the claim (killed),
     in s; renewed every third of it."""
     bulk_window: int = Field(default=0, ge=0)
-    """A bulk job's rows in flight at once; 0: four times the model's
-    ``max_batch_size``, at least 16."""
+    """A bulk job's rows in flight at once; 0: twice the model's ``max_batch_size``, at
+    least 16."""
+    nice: int = Field(default=10, ge=0, le=19)
+    """How much the job worker lowers its CPU priority (``nice``), so that the processes
+    of synchronous requests get the CPU first when it is short."""
     row_timeout_s: float = Field(default=60.0, gt=0)
     """Longest wait for one bulk row's answer, in s (a row that times out is tried again,
     three times in all)."""
