@@ -30,6 +30,19 @@ logger = logging.getLogger(__name__)
 _CELERY_LOGGERS = ("celery", "kombu")
 
 
+class _RejectWithoutTraceback(logging.Filter):
+    """Celery logs a task that puts itself back on the queue (a stopping worker) as a
+    warning with a traceback; the warning line says it all."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from celery.exceptions import Reject
+
+        if record.exc_info and isinstance(record.exc_info[1], Reject):
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """The job worker's flags (defaults come from ``JobWorkerSettings`` / ``SLUICE_*``)."""
     parser.add_argument("--redis-url", default=None, help="Redis URL (SLUICE_REDIS__URL)")
@@ -104,6 +117,7 @@ def run_job_worker(settings: JobWorkerSettings) -> int:
         quiet=True,
         loglevel="DEBUG" if settings.log_verbose else "INFO",
     )
+    logging.getLogger("celery.app.trace").addFilter(_RejectWithoutTraceback())
     if settings.log_verbose == 0:  # after the worker set its loggers up
         for name in _CELERY_LOGGERS:
             logging.getLogger(name).setLevel(logging.WARNING)

@@ -7,7 +7,7 @@ Redis (``JobStore.take_lease``), renewed while it runs: a second delivery of its
 (the visibility timeout passed while it still runs) finds the lease taken and is tried
 again later, so the job never runs twice at once, and the job of a worker that died is
 taken over once its lease expired. Outcomes tell the Celery task what to do
-(:class:`Outcome`). docs/user-guide/jobs.md says what survives which fault.
+(``context.Outcome``). docs/user-guide/jobs.md says what survives which fault.
 """
 
 from __future__ import annotations
@@ -22,12 +22,14 @@ from collections.abc import Coroutine
 from typing import Any
 
 import redis.asyncio
+import redis.exceptions
 
 from sluice.api.handlers.queueing import RequestQueue
 from sluice.api.handlers.shutdown import Shutdown
 from sluice.api.handlers.submission import Submission
 from sluice.api.models import ModelRegistry
 from sluice.api.settings import GatewaySettings
+from sluice.broker.errors import ErrorCode, SluiceError
 from sluice.broker.job_records import JobKind
 from sluice.broker.job_store import JobStore
 from sluice.broker.keys import KeySchema
@@ -117,7 +119,9 @@ class JobRunner:
     def run(self, job_id: str) -> RunResult:
         """Run one job to its end, or until it must wait or give way (Celery's thread).
 
-        Redis errors propagate (the task is tried again by Celery's autoretry).
+        Raises:
+            redis.exceptions.RedisError, OSError: Redis out of reach (the task is tried
+                again: ``autoretry_for`` of :func:`~sluice.job_workers.tasks.register_tasks`).
         """
         return self._call(self._run(job_id))
 
@@ -147,12 +151,19 @@ class JobRunner:
                 if record.kind is JobKind.SINGLE:
                     return await run_single(ctx)
                 return await run_bulk(ctx)
+            except (redis.exceptions.RedisError, OSError):
+                raise  # Redis out of reach: the task is tried again (autoretry)
+            except Exception as exc:  # a broken invariant: fail the job, not the worker
+                logger.exception("job %s of model '%s' failed", job_id, record.model)
+                text = f"internal error: {type(exc).__name__}: {exc}"
+                return await ctx.fail(SluiceError(ErrorCode.INTERNAL, text, model=record.model))
             finally:
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watcher
         finally:
-            await self.store.release_lease(job_id, token)
+            with contextlib.suppress(redis.exceptions.RedisError, OSError):
+                await self.store.release_lease(job_id, token)  # else it expires
 
     async def _watch(self, ctx: JobContext, token: str, lease_ms: int) -> None:
         """Every :data:`WATCH_S`: see whether the job was cancelled (or expired) and

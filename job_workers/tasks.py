@@ -2,8 +2,9 @@
 
 The task hands the id to :class:`~sluice.job_workers.runner.JobRunner` and turns the
 outcome into Celery's terms: a job another worker holds, or whose model is unavailable,
-is tried again after a delay (``Task.retry``); a worker that stops puts the task back
-on the queue (``Reject(requeue=True)``). Everything that must happen once is decided
+is tried again after a delay (``Task.retry``), as is one that found Redis out of reach
+(``autoretry_for``, backoff up to 8 s); a worker that stops puts the task back on the
+queue (``Reject(requeue=True)``). Everything that must happen once is decided
 in Redis by the job store, so a task delivered twice does no harm (Celery's user guide,
 "Tasks": idempotence, ``acks_late``).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import logging
 
+import redis.exceptions
 from celery import Celery, Task
 from celery.exceptions import Reject
 
@@ -34,6 +36,10 @@ def register_tasks(app: Celery, runner: JobRunner) -> Task:
         acks_late=True,
         reject_on_worker_lost=True,
         max_retries=None,
+        autoretry_for=(redis.exceptions.RedisError, OSError),
+        retry_backoff=True,
+        retry_backoff_max=8,
+        retry_jitter=True,
     )
     def run_job(self: Task, job_id: str) -> str:
         """Run job ``job_id``; returns its state once finished (or "" when gone)."""

@@ -1,7 +1,8 @@
-"""Async jobs through faults: the job worker SIGKILLed while single and bulk jobs run, and
-the gateway restarted while clients poll. Every accepted job finishes once, with the
-right results; each bulk row appears once in the output; rows done before the kill are
-not run again (the model's inference count); nothing stays PENDING or STARTED.
+"""Async jobs through faults: the job worker SIGKILLed while single and bulk jobs run, the
+gateway restarted while clients poll, ``sluice serve`` restarted during a bulk job. Every
+accepted job finishes once, with the right results; each bulk row appears once in the
+output; rows done before the kill are not run again (the model's inference count);
+nothing stays PENDING or STARTED.
 
 The server's job worker has a short visibility timeout and lease
 (``SLUICE_JOB_WORKER__*``), so a killed worker's tasks come back within seconds.
@@ -13,10 +14,12 @@ import os
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 import requests
 from e2e_support import Server, children_of, repository_of, start_server, stop_server
 from jobs_support import (
@@ -31,6 +34,8 @@ from jobs_support import (
     wait_state,
 )
 
+from sluice.broker.keys import KeySchema
+from sluice.broker.redis_server import delete_prefix
 from sluice.jobs import JobClient
 
 FAST_RECOVERY = {
@@ -180,3 +185,38 @@ def test_jobs_finish_while_the_gateway_restarts_under_polling_clients(faulty: Se
         assert results[job_id]["outputs"][0]["data"] == [i + 1.0] * 16
     assert results[slow]["outputs"][0]["data"] == [7.0]
     check_add_sub_output(lines(faulty.base, bulk, "output"), range(3000))
+
+
+def test_a_bulk_job_survives_a_restart_of_sluice_serve(
+    model_repository: Path, redis_url: str, tmp_path: Path
+) -> None:
+    """``sluice serve`` is stopped (Ctrl-C) in the middle of a bulk job and started again
+    on the same Redis and prefix: the job goes on from the rows written and ends with
+    each row once; the new server's model runs about what was left."""
+    repo = repository_of(model_repository, tmp_path / "models", "add_sub")
+    prefix = f"sluice-e2e-{uuid.uuid4().hex[:8]}:"
+    total = 20_000
+    server = start_server(repo, redis_url, tmp_path / "first.log", key_prefix=prefix)
+    try:
+        job_id = submit(
+            server.base, "add_sub", jsonl([add_sub_row(i) for i in range(total)]), headers=JSONL
+        )
+        deadline = time.monotonic() + 60
+        while get(server.base, job_id)["request_counts"]["completed"] < 1000:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert stop_server(server) == 0, server.log()
+        broker = redis.Redis.from_url(redis_url)
+        written = int(broker.hlen(KeySchema(prefix).job_output(job_id)))
+        broker.close()
+        assert 1000 <= written < total
+        server = start_server(repo, redis_url, tmp_path / "second.log", key_prefix=prefix)
+        job = wait_state(server.base, job_id, timeout_s=180)
+        assert job["state"] == "SUCCESS", job
+        assert job["request_counts"] == {"total": total, "completed": total, "failed": 0}
+        check_add_sub_output(lines(server.base, job_id, "output"), range(total))
+        ran = _inference_count(server, "add_sub")  # the new server counts from zero
+        assert total - written <= ran < total - written + 1000, (ran, written)
+    finally:
+        stop_server(server)
+        delete_prefix(redis_url, prefix)
