@@ -100,9 +100,11 @@ class JobStore:
 
     # -- records ------------------------------------------------------------------------
 
-    async def create(self, record: JobRecord, payload: bytes) -> None:
+    async def create(self, record: JobRecord, payload: bytes, keep_index_s: int = 0) -> None:
         """Store a new job's record and input (a single job's encoded request or a bulk
-        job's body; ``b""``: none), index it and count it submitted.
+        job's body; ``b""``: none), index it and count it submitted. ``keep_index_s``:
+        the longest a job can live (its deadline and the longest TTL), in s; index
+        entries older than that are dropped (0: none are).
 
         Raises:
             redis.exceptions.RedisError: Redis unreachable.
@@ -114,7 +116,10 @@ class JobStore:
             pipe.expireat(keys.job(record.id), expire_at)
             if payload:
                 pipe.set(keys.job_input(record.id), payload, exat=expire_at)
-            pipe.zadd(keys.jobs_index(), {record.id: record.created_ns // 1_000_000})
+            created_ms = record.created_ns // 1_000_000
+            pipe.zadd(keys.jobs_index(), {record.id: created_ms})
+            if keep_index_s > 0:
+                pipe.zremrangebyscore(keys.jobs_index(), "-inf", created_ms - keep_index_s * 1000)
             pipe.sadd(keys.jobs_active(), record.id)
             pipe.hincrby(keys.jobs_stats(), stats_field("submitted", record.kind, record.model))
             await pipe.execute()

@@ -88,6 +88,8 @@ class Jobs:
         self.store = JobStore(client, self._keys)
         self._submission = submission
         self._app: Celery | None = None
+        #: the longest a job lives (deadline and the longest TTL), in s
+        self._keep_index_s = settings.jobs.timeout_s + settings.jobs.max_ttl_s
 
     # -- submission -----------------------------------------------------------------------
 
@@ -127,7 +129,7 @@ class Jobs:
         """
         Submission.check(view, request.inputs, request.outputs, request.parameters)
         record = self._new(JobKind.SINGLE, view.name, version, ttl_s)
-        await self.store.create(record, encode_job_request(request))
+        await self.store.create(record, encode_job_request(request), self._keep_index_s)
         await self._send(record)
         return record
 
@@ -147,7 +149,7 @@ class Jobs:
         Submission.check(view, (), (), {}, checked=True)
         record = self._new(JobKind.BULK, view.name, version, ttl_s)
         record.total, record.source, record.priority = total, "body", _bulk_level(view)
-        await self.store.create(record, body)
+        await self.store.create(record, body, self._keep_index_s)
         await self._send(record)
         return record
 
@@ -165,7 +167,7 @@ class Jobs:
         Submission.check(view, (), (), {}, checked=True)
         record = self._new(JobKind.BULK, view.name, version, ttl_s)
         record.source, record.priority = f"file:{path}", _bulk_level(view)
-        await self.store.create(record, b"")
+        await self.store.create(record, b"", self._keep_index_s)
         await self._send(record)
         return record
 

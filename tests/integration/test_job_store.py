@@ -138,3 +138,11 @@ async def test_listing_filters_and_forgets_expired_jobs(store: JobStore, redis_u
         assert not await client.sismember(store.keys.jobs_active(), "e2")
     finally:
         await client.aclose()
+
+
+async def test_index_entries_older_than_any_job_are_dropped(store: JobStore) -> None:
+    old = _record("f1")
+    old.created_ns -= 3600 * 1_000_000_000  # an hour ago
+    await store.create(old, b"")
+    await store.create(_record("f2"), b"", keep_index_s=600)  # jobs live 10 min at most
+    assert [r.id for r in await store.recent(None, None, 10)] == ["f2"]
