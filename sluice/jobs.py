@@ -42,6 +42,10 @@ __all__ = [
     "progress_text",
 ]
 
+#: how often :meth:`JobClient.wait` writes a progress line to a stream that is not a
+#: terminal (and at each change of state), in s.
+_LOG_EVERY_S = 5.0
+
 #: the states a job ends in.
 FINAL_STATES = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
 
@@ -295,7 +299,8 @@ class JobClient:
         timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """Poll until the job is final; returns it. ``progress``: a line on standard
-        error (or this stream), redrawn in place on a terminal. Connection errors (a
+        error (or this stream), redrawn in place on a terminal, else written at each
+        change of state and every 5 s. Connection errors (a
         gateway restarting) and 5xx answers are waited out.
 
         Raises:
@@ -305,7 +310,7 @@ class JobClient:
         stream = sys.stderr if progress is True else (progress or None)
         tty = bool(stream is not None and getattr(stream, "isatty", lambda: False)())
         started = time.monotonic()
-        last = ""
+        last_state, printed_at = "", 0.0
         while True:
             try:
                 job = self.get(job_id)
@@ -316,13 +321,15 @@ class JobClient:
                     raise
                 job = None  # the gateway cannot reach Redis for a moment
             if job is not None and stream is not None:
-                line = progress_text(job, time.monotonic() - started)
+                now = time.monotonic()
+                line = progress_text(job, now - started)
                 if tty:
                     stream.write("\r" + line)
-                elif line.split(" rows/s")[0] != last.split(" rows/s")[0]:
-                    stream.write(line + "\n")
+                elif job["state"] != last_state or now - printed_at >= _LOG_EVERY_S:
+                    stream.write(line + "\n")  # a log, not a terminal: a line now and then
+                    printed_at = now
                 stream.flush()
-                last = line
+                last_state = job["state"]
             if job is not None and job["state"] in FINAL_STATES:
                 if tty and stream is not None:
                     stream.write("\n")
