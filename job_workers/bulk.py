@@ -93,7 +93,7 @@ class _Bulk:
             self.errors.append((row.line, error_line(row, error)))
             return
         backoff = self.ctx.settings.job_worker.retry_backoff_max_s
-        delay = min(backoff, RETRY_FIRST_S * 2 ** max(0, row.attempts - 1))
+        delay = min(backoff, RETRY_FIRST_S * 2 ** min(16, max(0, row.attempts - 1)))
         heapq.heappush(self.waiting, (time.monotonic() + delay, next(self._order), row))
 
     def next_row(self) -> Row | None:

@@ -102,7 +102,9 @@ class JobContext:
             return await self.fail(error)
         retries = self.record.retries
         await self.store.set_fields(self.record.id, retries=retries + 1)
-        delay = min(self.settings.job_worker.retry_backoff_max_s, RETRY_FIRST_S * 2**retries)
+        delay = min(
+            self.settings.job_worker.retry_backoff_max_s, RETRY_FIRST_S * 2 ** min(retries, 16)
+        )
         logger.info(
             "job %s of model '%s': %s; trying again in %.1f s",
             self.record.id,
