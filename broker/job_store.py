@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 import redis.asyncio
+import redis.exceptions
 
 from sluice.broker.job_records import JobKind, JobRecord
 from sluice.broker.keys import KeySchema
@@ -283,6 +284,16 @@ class JobStore:
         """Line numbers of the written rows of one kind, ascending."""
         key = self.keys.job_errors(job_id) if errors else self.keys.job_output(job_id)
         return sorted(int(k) for k in await self._redis.hkeys(key))
+
+    async def entries_added(self, stream: str) -> int | None:
+        """How many entries were ever added to ``stream`` (``XINFO STREAM``
+        ``entries-added``, Redis 7); None when Redis does not say or there is no stream."""
+        try:
+            info = await self._redis.xinfo_stream(stream)
+        except redis.exceptions.ResponseError:
+            return None
+        added = info.get("entries-added")
+        return None if added is None else int(added)
 
     # -- listing and counting ------------------------------------------------------------
 

@@ -3,9 +3,10 @@
 Rows already written (answered or failed, by an earlier run of the job) are skipped, so
 a job taken over after a crash or a restart does only what is left. A window of rows
 is in flight at once (``bulk_window``): enough for the model's batcher to form full
-batches, few enough that synchronous requests at the same priority wait behind at most a
-few batches; rows go at the model's lowest priority level when it has
-``priority_levels``. Answers are written as they come, each row once
+batches. Rows go at the model's lowest priority level when it has ``priority_levels``;
+on a model without, which queues rows and synchronous requests in one order, the job
+keeps only its fair share of the queue in flight while other traffic comes
+(``job_workers.share``). Answers are written as they come, each row once
 (``JobStore.write_rows``). A row refused or failed by the model gets an error line; a
 row the model could not take (unavailable, queue full) waits and is sent again; a row
 that timed out is sent again, three times in all. The job is SUCCESS once every row is
@@ -37,6 +38,7 @@ from sluice.job_workers.rows import (
     retryable,
     split_rows,
 )
+from sluice.job_workers.share import LOOK_EVERY_S, FairShare
 
 __all__ = ["run_bulk"]
 
@@ -49,7 +51,8 @@ _WRITE_AT = 256
 #: the longest a written row waits for the next write, in s.
 _WRITE_EVERY_S = 0.2
 
-_Sent = tuple[Row, HttpInferRequest]
+#: a row in flight: the row, its parsed request, when it was sent (monotonic s)
+_Sent = tuple[Row, HttpInferRequest, float]
 
 
 async def _read_rows(ctx: JobContext) -> list[Row] | None:
@@ -85,6 +88,9 @@ class _Bulk:
         self.ready = asyncio.Event()
         self.version = 0
         self.window = ctx.settings.job_worker.bulk_window
+        self.share: FairShare | None = None  # set once the model's view is known
+        self.sent = 0
+        self.looked_at = 0.0
 
     def later(self, row: Row, error: SluiceError) -> None:
         """Send ``row`` again after a backoff, or give it its error line (out of tries)."""
@@ -105,6 +111,10 @@ class _Bulk:
         """Fill the window with rows (refused ones get their error line at once)."""
         record, sub = self.ctx.record, self.ctx.submission
         window = self.window or max(16, 2 * view.max_batch_size)
+        if view.policy.priority_levels == 0:
+            if self.share is None or self.share.full != window:
+                self.share = FairShare(window, max(4, view.max_batch_size // 8))
+            window = self.share.limit
         deadline_ns = min(
             record.deadline_ns,
             time.time_ns() + int(self.ctx.settings.job_worker.row_timeout_s * 1e9),
@@ -132,15 +142,27 @@ class _Bulk:
                 else:
                     self.errors.append((row.line, error_line(row, exc)))
                 continue
-            self.in_flight[future] = (row, request)
+            self.in_flight[future] = (row, request, time.monotonic())
+            self.sent += 1
             future.add_done_callback(self._finished)
+
+    async def look(self, stream: str) -> None:
+        """Every :data:`LOOK_EVERY_S`, on a model without priority levels: how much
+        traffic shares ``stream`` (:class:`FairShare`)."""
+        now = time.monotonic()
+        if self.share is None or now - self.looked_at < LOOK_EVERY_S:
+            return
+        self.looked_at = now
+        self.share.look(await self.ctx.store.entries_added(stream), self.sent, now)
 
     def _finished(self, future: asyncio.Future[InferResponseMessage]) -> None:
         self.finished.append(future)
         self.ready.set()
 
     def answered(self, future: asyncio.Future[InferResponseMessage]) -> None:
-        row, request = self.in_flight.pop(future)
+        row, request, sent_at = self.in_flight.pop(future)
+        if self.share is not None:
+            self.share.answered(time.monotonic() - sent_at)
         try:
             response = future.result()
             if response.error is not None:
@@ -246,6 +268,7 @@ async def run_bulk(ctx: JobContext) -> RunResult:
             bulk.send(view, resolved)
             await bulk.wait()
             await bulk.write()
+            await bulk.look(ctx.store.keys.queue(record.model, resolved))
         await bulk.write(force=True)
     except BaseException:
         bulk.drop_in_flight()
