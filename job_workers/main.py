@@ -136,7 +136,11 @@ def run_job_worker(settings: JobWorkerSettings) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``sluice jobs``."""
-    parser = argparse.ArgumentParser(prog="sluice jobs", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="sluice jobs",
+        description="A Celery worker that runs Sluice's async and bulk jobs "
+        "(docs/user-guide/jobs.md).",
+    )
     add_job_arguments(parser)
     settings = settings_from_args(parser.parse_args(argv))
     configure_logging("jobs", LogOptions.from_env(verbose=settings.log_verbose))
