@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sluice.api.access import AccessPolicy, http_group
 from sluice.api.dataplane import DataPlane
 from sluice.api.errors import client_error
+from sluice.api.http.generate import router as generate_router
 from sluice.api.http.infer import InferEndpoint
 from sluice.api.http.jobs import router as jobs_router
 from sluice.api.http.routes import error_response, router
@@ -96,6 +97,7 @@ def create_app(settings: GatewaySettings, dataplane: DataPlane) -> FastAPI:
     app.state.dataplane = dataplane
     app.include_router(router)
     app.include_router(jobs_router)
+    app.include_router(generate_router)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     # Exception's handler runs in Starlette's ServerErrorMiddleware, which answers and then

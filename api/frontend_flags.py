@@ -63,7 +63,7 @@ _METRICS_FLAGS = (
     _Flag(
         "--metrics-interval-ms",
         "interval_ms",
-        int,
+        float,
         "GPU/CPU metrics refresh period, ms (2000)",
         "metrics",
     ),

@@ -23,6 +23,7 @@ from sluice.broker.request_checks import TensorSpec, tensor_spec
 from sluice.broker.scheduling import scheduling_policy
 from sluice.broker.sequences import SequenceRules
 from sluice.broker.states import ModelState
+from sluice.repository.ensemble import EnsemblePlan, is_ensemble_config, plan_ensemble
 from sluice.repository.render import config_to_json
 
 
@@ -47,6 +48,8 @@ class ModelView:
     """Triton ``model_transaction_policy.decoupled``."""
     sequence: SequenceRules | None = None
     """The sequence batcher's request rules (None: no ``sequence_batching``)."""
+    ensemble: EnsemblePlan | None = None
+    """The steps of an ensemble (None: not an ensemble); checked when it loaded."""
 
     def ready_versions(self) -> list[int]:
         """Versions in state READY, ascending."""
@@ -105,6 +108,7 @@ def build_view(record: ModelRecord) -> ModelView:
         platform=config.platform or config.backend,
         decoupled=bool(config.model_transaction_policy.decoupled),
         sequence=SequenceRules.from_config(config),
+        ensemble=plan_ensemble(config) if is_ensemble_config(config) else None,
     )
 
 
@@ -134,7 +138,8 @@ class ModelRegistry:
 
         Raises:
             SluiceError: NOT_FOUND "Request for unknown model: 'm' is not found" when
-                the model never loaded.
+                the model never loaded, "... has no available versions" when its load
+                failed (Triton's texts).
         """
         view = None if fresh else self.cached(name)
         if view is not None:
@@ -156,9 +161,12 @@ class ModelRegistry:
         record = await self._store.get(name)
         if not record.config_json or not record.versions:
             self._views.pop(name, None)
+            # Triton: a model whose load failed has versions (UNAVAILABLE) and answers
+            # "has no available versions"; one never loaded is "not found"
             raise SluiceError(
                 ErrorCode.NOT_FOUND,
-                f"Request for unknown model: '{name}' is not found",
+                f"Request for unknown model: '{name}' "
+                + ("has no available versions" if record.versions else "is not found"),
                 model=name,
             )
         view = build_view(record)
@@ -192,6 +200,11 @@ class ModelRegistry:
     async def live_instances(self, name: str, version: int) -> int:
         """Live instances of a version (fresh heartbeat, uncached)."""
         return await self._store.live_instances(name, version)
+
+    async def serving(self, view: ModelView, version: int) -> bool:
+        """Whether a READY version can answer: it has a live instance, or it is an
+        ensemble (which has none; its steps go to the composing models)."""
+        return view.ensemble is not None or await self.live_instances(view.name, version) > 0
 
     async def server_facts(self) -> dict[str, str]:
         """Server-wide facts the supervisor published (startup phase, control mode)."""

@@ -87,7 +87,7 @@ class MetricsSettings(BaseModel):
     """Triton ``--allow-gpu-metrics`` (only where pynvml finds a GPU)."""
     cpu: bool = True
     """Triton ``--allow-cpu-metrics`` (Linux ``/proc``)."""
-    interval_ms: int = Field(default=2000, gt=0)
+    interval_ms: float = Field(default=2000, gt=0)
     """Triton ``--metrics-interval-ms``: how often GPU and CPU gauges are refreshed, in ms."""
     counter_latencies: bool = True
     """Triton ``--metrics-config counter_latencies``: the five ``*_duration_us`` counters."""

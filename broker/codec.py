@@ -127,6 +127,9 @@ def encode_response(message: InferResponseMessage) -> bytes:
             message.parameters,
             message.timings,
             message.load_id,
+            message.final,
+            message.instance,
+            message.empty,
         ]
     )
 
@@ -141,6 +144,7 @@ def decode_response(payload: bytes) -> InferResponseMessage:
         fields = msgpack.unpackb(payload, raw=False, use_list=False)
         version, request_id, model, model_version, outputs, error, parameters, timings = fields[:8]
         load_id = fields[8] if len(fields) > 8 else ""  # a worker without it: ""
+        final, instance, empty = fields[9:12] if len(fields) > 11 else (True, "", False)
     except (ValueError, TypeError, IndexError, msgpack.UnpackException) as exc:
         raise CodecError(f"undecodable response message: {exc}") from exc
     if version != _VERSION:
@@ -154,4 +158,7 @@ def decode_response(payload: bytes) -> InferResponseMessage:
         parameters=parameters,
         timings=timings,
         load_id=load_id if isinstance(load_id, str) else "",
+        final=bool(final),
+        instance=instance if isinstance(instance, str) else "",
+        empty=bool(empty),
     )

@@ -26,6 +26,10 @@ class ErrorCode(StrEnum):
     CANCELLED = "CANCELLED"
 
 
+#: the answer to a request whose queue timeout or deadline passed (Triton's text).
+TIMEOUT_TEXT = "Request timeout expired"
+
+
 class FailureReason(StrEnum):
     """The ``reason`` label of ``nv_inference_request_failure`` (Triton
     ``src/metric_model_reporter.cc``): why a request failed, as counted in statistics."""

@@ -43,9 +43,24 @@ class KeySchema:
         (``u:<int>`` or ``s:<string>``). Expires after the sequence's idle time."""
         return f"{self.prefix}{{{model}}}:seq:{version}:{corrid}"
 
+    def is_job(self, key: str) -> bool:
+        """Whether ``key`` is one of the async jobs' keys (:data:`JOB_NAMESPACES`) of this
+        prefix: records, inputs, results, rows, and Celery's queue."""
+        return key.startswith(tuple(self.prefix + n for n in JOB_NAMESPACES))
+
+    def is_sequence(self, key: str) -> bool:
+        """Whether ``key`` is a live sequence's hash (:meth:`sequence`) of this prefix."""
+        return key.startswith(self.prefix) and "}:seq:" in key
+
     def reply(self, gateway_id: str) -> str:
         """List a gateway process reads its responses from."""
         return f"{self.prefix}reply:{gateway_id}"
+
+    def stream_credit(self, request_id: str) -> str:
+        """Integer: how many responses of a decoupled request its gateway has passed to
+        the client (the producer stays within a window of it); -1: the client cancelled.
+        Expires with the request's deadline."""
+        return f"{self.prefix}credit:{request_id}"
 
     def state(self, model: str) -> str:
         """Hash: version -> JSON ``{"state", "reason"}``."""

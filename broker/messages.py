@@ -108,6 +108,14 @@ class InferResponseMessage:
         load_id: the load of the model whose instance ran it (``VersionState.load_id``;
             "" when unknown): the response cache stores an answer only under the load
             that computed it.
+        final: the request's last response (always for a non-decoupled model; a
+            decoupled model's responses before its final one have it False).
+        instance: ``<record name>@<pid>`` of the model instance that produced it
+            (decoupled models: a gateway watches that process while the request
+            streams; a restarted instance has the same name and another pid).
+        empty: a decoupled model's final flag sent without a response (Triton
+            ``TRITONSERVER_RESPONSE_COMPLETE_FINAL`` alone): no message reaches the
+            client unless it asked for ``triton_enable_empty_final_response``.
     """
 
     request_id: str
@@ -118,3 +126,6 @@ class InferResponseMessage:
     parameters: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, int] = field(default_factory=dict)
     load_id: str = ""
+    final: bool = True
+    instance: str = ""
+    empty: bool = False

@@ -66,6 +66,14 @@ class ModelRecord:
     config_json: str
     versions: dict[int, VersionState]
 
+    @property
+    def is_ensemble(self) -> bool:
+        """Whether the config is an ensemble's (it has no instances of its own)."""
+        return (
+            '"ensemble"' in self.config_json
+            and json.loads(self.config_json).get("platform") == "ensemble"
+        )
+
 
 def _decode_versions(raw: dict[bytes, bytes]) -> dict[int, VersionState]:
     return {int(k): VersionState.from_json(v) for k, v in raw.items()}

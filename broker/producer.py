@@ -74,11 +74,19 @@ class Producer:
             raise SluiceError(ErrorCode.UNAVAILABLE, QUEUE_FULL, model=model)
         return bytes(entry_id)
 
-    async def cancel(self, stream: str, entry_id: bytes, stats_key: str, request_ns: int) -> bool:
+    async def cancel(
+        self,
+        stream: str,
+        entry_id: bytes,
+        stats_key: str,
+        request_ns: int,
+        reason: FailureReason = FailureReason.CANCELED,
+    ) -> bool:
         """Take a cancelled request off ``stream`` and count it as failed, reason CANCELED,
         if no instance has taken it yet (Triton ``request_cancellation.md``: a request
         cancelled while it waits in the scheduler queue is not executed; Triton counts it
-        in ``nv_inference_request_failure{reason="CANCELED"}``).
+        in ``nv_inference_request_failure{reason="CANCELED"}``). A request whose queue
+        timeout or deadline passed is taken off the same way, with ``reason`` REJECTED.
 
         One script (``broker.scripts.CANCEL_QUEUED``), atomic: the entry is deleted only
         when it is not in the consumer group's pending list, so an instance that already
@@ -91,6 +99,7 @@ class Producer:
             stats_key: the model version's statistics hash (``KeySchema.stats``).
             request_ns: how long the request lived before it was cancelled, in ns
                 (added to ``fail_ns``).
+            reason: the failure reason it is counted with.
 
         Returns:
             True when the entry was taken off and counted; False when an instance holds
@@ -100,7 +109,7 @@ class Producer:
             redis.exceptions.RedisError: Redis unreachable or silent (``MultiplexedConnection``).
         """
         delta = StatsDelta()
-        delta.failure(request_ns=request_ns, reason=FailureReason.CANCELED)
+        delta.failure(request_ns=request_ns, reason=reason)
         done = await self._connection.script(
             CANCEL_QUEUED, [stream, stats_key], [WORKER_GROUP, entry_id, delta.counter_text()]
         )

@@ -21,10 +21,11 @@ import redis.asyncio
 import redis.exceptions
 
 from sluice.broker.codec import CodecError, decode_response
-from sluice.broker.errors import ErrorCode, SluiceError
+from sluice.broker.errors import TIMEOUT_TEXT, ErrorCode, SluiceError
 from sluice.broker.messages import InferResponseMessage
 from sluice.broker.outage import OutageLog
 from sluice.broker.resp import pack_pipeline
+from sluice.broker.response_stream import ResponseStream
 from sluice.broker.takeover import RedisProtocol, open_with, reply_parser
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,8 @@ class ReplyRouter:
         )  # fmt: skip
         self.reply_key = reply_key
         self._waiting: dict[str, asyncio.Future[InferResponseMessage]] = {}
+        #: decoupled requests' response streams, by request id
+        self.streams: dict[str, ResponseStream] = {}
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -79,12 +82,14 @@ class ReplyRouter:
             if not future.done():
                 future.set_exception(SluiceError(ErrorCode.UNAVAILABLE, "Server exiting"))
         self._waiting.clear()
+        for stream in list(self.streams.values()):
+            stream.fail(SluiceError(ErrorCode.UNAVAILABLE, "Server exiting"))
         await self._pool.disconnect()
 
     @property
     def waiting(self) -> int:
-        """How many requests wait for their answer now."""
-        return len(self._waiting)
+        """How many requests wait for their answer (or their responses) now."""
+        return len(self._waiting) + len(self.streams)
 
     def fail_waiting(self, error: SluiceError) -> int:
         """Fail every request still waiting with ``error`` (the gateway is stopping and
@@ -94,6 +99,9 @@ class ReplyRouter:
             if not future.done():
                 future.set_exception(error)
                 failed += 1
+        for stream in list(self.streams.values()):
+            stream.fail(error)
+            failed += 1
         return failed
 
     def expect(
@@ -123,6 +131,28 @@ class ReplyRouter:
         timer = loop.call_later(max(0.0, (deadline_ns - time.time_ns()) / 1e9), _expire, future)
         future.add_done_callback(functools.partial(self._done, request_id, timer, on_cancel))
         return future
+
+    def expect_stream(
+        self, request_id: str, deadline_ns: int, write_credit: Callable[[int], None]
+    ) -> ResponseStream:
+        """Register a decoupled request before its ``XADD`` (as :meth:`expect`): its
+        responses go to the stream returned, which fails with UNAVAILABLE "Request timeout
+        expired" once the wall-clock ``deadline_ns`` passes."""
+        stream = ResponseStream(request_id, write_credit)
+        self.streams[request_id] = stream
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(
+            max(0.0, (deadline_ns - time.time_ns()) / 1e9),
+            stream.fail, SluiceError(ErrorCode.UNAVAILABLE, TIMEOUT_TEXT),
+        )  # fmt: skip
+
+        def closed() -> None:
+            timer.cancel()
+            if self.streams.get(request_id) is stream:
+                del self.streams[request_id]
+
+        stream.on_close(closed)
+        return stream
 
     def _done(
         self,
@@ -171,6 +201,10 @@ class ReplyRouter:
             response = decode_response(payload)
         except CodecError:
             logger.exception("dropping an undecodable reply")
+            return
+        stream = self.streams.get(response.request_id)
+        if stream is not None:
+            stream.push(response)
             return
         future = self._waiting.pop(response.request_id, None)
         if future is None or future.done():
@@ -269,4 +303,4 @@ class _Popper(RedisProtocol):
 
 def _expire(future: asyncio.Future[InferResponseMessage]) -> None:
     if not future.done():
-        future.set_exception(SluiceError(ErrorCode.UNAVAILABLE, "Request timeout expired"))
+        future.set_exception(SluiceError(ErrorCode.UNAVAILABLE, TIMEOUT_TEXT))

@@ -15,7 +15,7 @@ import numpy as np
 from sluice.broker.datatypes import config_to_protocol, serialize_bytes
 from sluice.broker.errors import FailureReason
 from sluice.broker.messages import ErrorInfo, InferRequestMessage, InferResponseMessage, WireTensor
-from sluice.gpu_workers.backends.base import InferError, InferResponse
+from sluice.gpu_workers.backends.base import InferError, InferResponse, Streamed
 from sluice.gpu_workers.batch_assembly import Held
 from sluice.gpu_workers.classification import classify
 
@@ -61,20 +61,27 @@ class Answers:
             request_id, self._model, self._version, error=ErrorInfo(code, message)
         )
 
+    def final_flag(self, request_id: str) -> InferResponseMessage:
+        """A decoupled model's final flag sent without a response."""
+        return InferResponseMessage(request_id, self._model, self._version, empty=True)
+
     def of_batch(
         self,
         held: Sequence[Held],
-        results: Sequence[InferResponse | InferError],
+        results: Sequence[InferResponse | InferError | Streamed],
         decode_errors: dict[int, str],
         labels: dict[str, list[str]],
     ) -> tuple[
-        list[InferResponseMessage], list[tuple[int, Held]], list[tuple[Held, FailureReason]]
+        list[InferResponseMessage | None],
+        list[tuple[int, Held]],
+        list[tuple[Held, FailureReason]],
     ]:
         """The answers of one execution's requests (``results``: one per request that ran,
         those with an input that could not be decoded left out), with the successes
         (index, request) and failures (request, reason) among them. Triton counts an
-        error the backend returned as reason BACKEND."""
-        answers: list[InferResponseMessage] = []
+        error the backend returned as reason BACKEND. A request the backend answers
+        itself (:class:`Streamed`) has no answer here (None) and counts as a success."""
+        answers: list[InferResponseMessage | None] = []
         successes: list[tuple[int, Held]] = []
         failures: list[tuple[Held, FailureReason]] = []
         result_iter = iter(results)
@@ -84,7 +91,12 @@ class Answers:
                 answers.append(self.error(message.request_id, "INVALID_ARG", decode_errors[index]))
                 failures.append((item, FailureReason.OTHER))
                 continue
-            answer = self.answer(message, next(result_iter), labels)
+            result = next(result_iter)
+            if isinstance(result, Streamed):  # the model sends its responses itself
+                answers.append(None)
+                successes.append((index, item))
+                continue
+            answer = self.answer(message, result, labels)
             answers.append(answer)
             if answer.error is None:
                 successes.append((index, item))
@@ -106,7 +118,17 @@ class Answers:
         """The answer to ``message`` from its backend ``result``; ``labels``: output
         name -> class labels (Triton ``label_filename``), for classification. An output
         that cannot be sent fails the request with INTERNAL."""
-        request_id = message.request_id
+        return self.response(message.request_id, result, message.classification, labels)
+
+    def response(
+        self,
+        request_id: str,
+        result: InferResponse | InferError,
+        classification: dict[str, int],
+        labels: dict[str, list[str]],
+    ) -> InferResponseMessage:
+        """:meth:`answer` from the request's id and classification requests
+        (output name -> k)."""
         if isinstance(result, InferError):
             return self.error(request_id, result.code, result.message)
         # an answer without outputs is sent as such (Triton's python_backend sends a
@@ -114,7 +136,7 @@ class Answers:
         try:
             wires = []
             for name, array in result.outputs.items():
-                k = message.classification.get(name, 0)
+                k = classification.get(name, 0)
                 if k > 0:
                     classes = classify(array, k, self._batching, labels.get(name, []))
                     wires.append(wire(name, "BYTES", classes))

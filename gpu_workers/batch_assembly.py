@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from sluice.batching import Batch, DynamicBatcher, Pending, Rejected
 from sluice.broker.consumer import Delivery
 from sluice.broker.datatypes import to_numpy
-from sluice.broker.errors import SluiceError
+from sluice.broker.errors import TIMEOUT_TEXT, SluiceError
 from sluice.broker.messages import InferRequestMessage, RequestedOutput
 from sluice.broker.request_checks import RequestRules, validate_request
 from sluice.broker.scheduling import ShapeKeys, StreamLayout
@@ -27,8 +27,6 @@ logger = logging.getLogger(__name__)
 
 #: an entry handed out more often than this (its instance died each time) is failed.
 MAX_DELIVERIES = 2
-#: the answer to a request whose queue timeout or deadline passed (Triton's text).
-TIMEOUT_TEXT = "Request timeout expired"
 
 #: a request to answer with an error: its delivery, error code and text.
 Failure = tuple[Delivery, str, str]
@@ -217,6 +215,8 @@ def backend_requests(held: Sequence[Held], model: str) -> tuple[list[InferReques
                 inputs,
                 message.outputs,
                 message.parameters,
+                message.reply_to,
+                message.deadline_ns,
             )
         )
     return requests, decode_errors

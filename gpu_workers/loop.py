@@ -25,7 +25,7 @@ import redis.exceptions
 
 from sluice.batching import Batch
 from sluice.broker.consumer import Delivery, StreamConsumer
-from sluice.broker.errors import FailureReason, stream_gone
+from sluice.broker.errors import TIMEOUT_TEXT, FailureReason, stream_gone
 from sluice.broker.messages import InferResponseMessage
 from sluice.broker.outage import OutageLog
 from sluice.broker.request_checks import RequestRules
@@ -35,7 +35,6 @@ from sluice.gpu_workers.accounting import Accounting
 from sluice.gpu_workers.answers import Answers
 from sluice.gpu_workers.backends.base import Backend, InferError, InferRequest, InferResponse
 from sluice.gpu_workers.batch_assembly import (
-    TIMEOUT_TEXT,
     BatchAssembly,
     Failure,
     backend_requests,
@@ -397,14 +396,19 @@ class InstanceLoop:
         done = self._clock()
         # The gateway answered "Request timeout expired" at the deadline: a request that
         # finished after it is answered and counted the same way, not as a success.
-        late_done = [(i, h) for i, h in successes if h.delivery.message.deadline_ns <= done]
+        late_done = [
+            (i, h)
+            for i, h in successes
+            if h.delivery.message.deadline_ns <= done and answers[i] is not None
+        ]
         for index, item in late_done:
             answers[index] = self._answers.error(
                 item.delivery.message.request_id, "UNAVAILABLE", TIMEOUT_TEXT
             )
             failures.append((item, FailureReason.REJECTED))
         if late_done:
-            successes = [(i, h) for i, h in successes if h.delivery.message.deadline_ns > done]
+            late = {i for i, _ in late_done}
+            successes = [(i, h) for i, h in successes if i not in late]
         times = ExecutionTimes(input_done - start, infer_done - input_done, done - infer_done)
         delta, durations = self._accounts.execution(
             held, [h for _, h in successes], failures, list(decode_errors), times, start, done
@@ -413,9 +417,13 @@ class InstanceLoop:
         # them, so a client that reads the statistics as soon as it has its answer finds
         # it counted even when the instance is preempted right after this write; the
         # acknowledgements go with the next read.
-        before = self._settle([h.delivery for h in held], answers, done)
+        before = self._settle([h.delivery for h in held], answers, done)  # type: ignore[arg-type]
         self._consumer.send_replies(
-            [(h.delivery.message.reply_to, a) for h, a in zip(held, answers, strict=True)],
+            [
+                (h.delivery.message.reply_to, a)
+                for h, a in zip(held, answers, strict=True)
+                if a is not None  # a decoupled model sent its responses itself
+            ],
             self._accounts.commands(delta),
             before=before,
         )

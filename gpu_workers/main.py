@@ -135,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
             device_id=args.device_id,
             model_dir=args.model_dir,
             version_dir=args.model_dir / str(args.version),
+            redis_url=args.redis_url,
+            key_prefix=args.key_prefix,
+            record_name=args.instance,
+            load_id=args.load_id,
         )
         labels = {
             o.name: read_labels(args.model_dir, o.label_filename, args.model, o.name)
@@ -143,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
         }
         sequences = _sequence_assembly(client, keys, args, config)
         backend = backend_class(config.backend, args.model)()
+        if config.backend == "python":
+            from sluice.gpu_workers.bls import install_bls
+
+            # before initialize: a model may call other models from there too
+            install_bls(args.redis_url, keys, args.model, args.instance)
         backend.initialize(ctx)
         run_warmup(backend, ctx)  # model_warmup runs before the instance is READY
     except Exception as exc:

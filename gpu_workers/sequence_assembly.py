@@ -31,11 +31,12 @@ import redis.exceptions
 from sluice.batching.sequence import SequencePolicy, SequenceScheduler, SequenceStep
 from sluice.broker.consumer import Delivery
 from sluice.broker.datatypes import NUMPY_DTYPES, config_to_protocol
+from sluice.broker.errors import TIMEOUT_TEXT
 from sluice.broker.keys import WORKER_GROUP, KeySchema
 from sluice.broker.messages import InferResponseMessage
 from sluice.broker.sequences import SEQ_COMMIT, corrid_tag, decode_state, encode_state
 from sluice.gpu_workers.backends.base import InferError, InferRequest, InferResponse
-from sluice.gpu_workers.batch_assembly import MAX_DELIVERIES, TIMEOUT_TEXT, Admission, Held
+from sluice.gpu_workers.batch_assembly import MAX_DELIVERIES, Admission, Held
 from sluice.repository.sequence_config import ControlSpec, SequenceSpec, StateSpec
 
 logger = logging.getLogger(__name__)

@@ -30,6 +30,7 @@ from sluice.api.gateway_args import (
     settings_from_args,
 )
 from sluice.gpu_workers.processes import EXIT_GRACE_S, exit_deadline
+from sluice.inert_flags import add_inert_arguments, warn_inert_flags
 from sluice.repository.errors import RepositoryError
 from sluice.supervisor.deployment_lease import DeploymentTaken
 from sluice.supervisor.supervisor import GatewayStartError
@@ -103,6 +104,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     p.add_argument("--log-verbose", type=int, default=0)
     add_frontend_arguments(p)
+    add_inert_arguments(p)
 
 
 def _resolve_redis(url: str | None) -> tuple[str, object | None]:
@@ -136,6 +138,7 @@ def serve(args: argparse.Namespace) -> int:
         file=args.log_file,
     )
     configure_logging("serve", log_options)
+    warn_inert_flags(args)
     # a Ctrl-C while Redis and the deployment are being set up stops quietly once they are
     early_stop = _StopRequest(args.exit_timeout_secs)
     signal.signal(signal.SIGINT, early_stop)
@@ -379,8 +382,9 @@ class _OneLineErrors(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``sluice`` command."""
+def build_parser() -> argparse.ArgumentParser:
+    """The ``sluice`` parser with its ``serve``, ``gateway``, ``worker`` and ``jobs``
+    commands (``worker`` and ``jobs`` parse their own flags: they are left over here)."""
     parser = _OneLineErrors(
         prog="sluice",
         description="Triton-compatible inference server whose requests travel through Redis",
@@ -393,6 +397,12 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser(
         "jobs", help="a job worker for async jobs (see 'sluice jobs --help')", add_help=False
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``sluice`` command."""
+    parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if args.command == "serve":
         if rest:

@@ -9,12 +9,9 @@ shared :class:`DataPlane` (:mod:`api.handlers`) speak and delegates (MLServer
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import grpc
 from google.protobuf import json_format
@@ -28,7 +25,8 @@ from sluice.api.grpc.codec import (
     parse_infer_request,
     parse_version,
 )
-from sluice.api.grpc.guard import REDIS_OUTAGE, RPC_GROUPS, guard_servicer, translate
+from sluice.api.grpc.guard import REDIS_OUTAGE, RPC_GROUPS, guard_servicer
+from sluice.api.grpc.streaming import stream_infer
 from sluice.api.handlers.metadata import SHM_DISABLED, TRACE_UNSUPPORTED
 from sluice.api.repository_params import load_parameters, unload_dependents
 from sluice.broker.errors import ErrorCode, SluiceError
@@ -36,11 +34,6 @@ from sluice.broker.errors import ErrorCode, SluiceError
 __all__ = ["InferenceServicer", "build_servicer"]
 
 logger = logging.getLogger(__name__)
-
-#: most requests of one stream in flight at once (the reader waits beyond it).
-STREAM_WINDOW = 1024
-#: what a stream's writer is woken with when shutdown begins
-_EXITING: Any = object()
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -172,87 +165,20 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             context.set_compression(grpc.Compression.Gzip)
         return await self._infer(request)
 
-    async def _stream_one(
-        self, request: service_pb2.ModelInferRequest
-    ) -> service_pb2.ModelStreamInferResponse:
-        """One stream request's answer; a failure becomes an in-band ``error_message``."""
-        try:
-            response = await self._infer(request)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            _, details = translate(exc)
-            answer = service_pb2.ModelStreamInferResponse(error_message=details)
-            answer.infer_response.id = request.id
-            answer.infer_response.parameters["triton_final_response"].bool_param = True
-            return answer
-        response.parameters["triton_final_response"].bool_param = True
-        return service_pb2.ModelStreamInferResponse(infer_response=response)
-
     async def ModelStreamInfer(
         self,
         request_iterator: AsyncIterator[service_pb2.ModelInferRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
-        """Bidirectional stream: requests run concurrently, answers leave in request order.
-
-        Non-decoupled models get exactly one response per request, written in the
-        order the requests arrived (Triton ``stream_infer_handler.cc``); errors are
-        in-band and the stream stays open; every response carries
-        ``triton_final_response = true``. Closing the stream cancels what is in flight.
-        Once the server begins to exit (:meth:`DataPlane.begin_shutdown`), the stream
-        ends with UNAVAILABLE as soon as every request it sent is answered.
-        """
+        """Bidirectional stream (:mod:`api.grpc.streaming`): one response per request in
+        request order for non-decoupled models, each decoupled model's responses as they
+        are produced; errors in-band; closing the stream cancels what is in flight."""
         if self._compress_infer:
             context.set_compression(grpc.Compression.Gzip)
-        pending: asyncio.Queue[asyncio.Task[service_pb2.ModelStreamInferResponse] | None] = (
-            asyncio.Queue(maxsize=STREAM_WINDOW)
-        )
-        tasks: set[asyncio.Task[Any]] = set()
-
-        exiting: list[bool] = []  # [True] once this gateway begins to exit
-
-        def begin_exit() -> None:
-            exiting.append(True)
-            # wakes the writer below; a full queue has answers to write first, after
-            # each of which the writer looks again
-            with contextlib.suppress(asyncio.QueueFull):
-                pending.put_nowait(_EXITING)
-
-        async def read() -> None:
-            try:
-                async for request in request_iterator:
-                    task = asyncio.create_task(self._stream_one(request))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                    await pending.put(task)
-            finally:
-                await pending.put(None)
-
-        reader = asyncio.create_task(read())
-        withdraw = self._dp.on_shutdown(begin_exit)
-        try:
-            while True:
-                task = await pending.get()
-                if task is None:
-                    break
-                if task is not _EXITING:
-                    yield await task
-                if exiting and pending.empty():
-                    # every request it sent is answered; one sent from now on would be
-                    # refused: end the stream instead of holding the exit up for it (a
-                    # status set and a return: context.abort could drop the last answer)
-                    context.set_code(grpc.StatusCode.UNAVAILABLE)
-                    context.set_details("Server exiting: every request of this stream was answered")
-                    return
-            await reader  # re-raise a read failure (client went away)
-        finally:
-            withdraw()
-            reader.cancel()
-            for task in list(tasks):
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
+        async for answer in stream_infer(
+            self._dp.submission, self._infer, request_iterator, context, self._dp.on_shutdown
+        ):
+            yield answer
 
     # -- model repository ---------------------------------------------------------------
 

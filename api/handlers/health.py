@@ -84,6 +84,8 @@ class Health:
         for record in await self._registry.records():
             for version, state in record.versions.items():
                 if state.state is ModelState.READY:
+                    if record.is_ensemble:
+                        continue  # no instances of its own
                     if not await self._registry.live_instances(record.name, version):
                         return False  # READY on record, but no instance answers
                     continue
@@ -103,8 +105,8 @@ class Health:
         """
 
         async def check() -> bool:
-            _, resolved = await self._registry.resolve(model, version, fresh=True)
-            return await self._registry.live_instances(model, resolved) > 0
+            view, resolved = await self._registry.resolve(model, version, fresh=True)
+            return await self._registry.serving(view, resolved)
 
         return await _probe(check())
 
@@ -131,7 +133,7 @@ class Health:
                 resolved = view.resolve(version)
             except SluiceError:
                 return False
-            return await self._registry.live_instances(model, resolved) > 0
+            return await self._registry.serving(view, resolved)
 
         return await _probe(check())
 

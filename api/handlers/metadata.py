@@ -32,8 +32,9 @@ __all__ = ["EXTENSIONS", "SHM_DISABLED", "TRACE_UNSUPPORTED", "Metadata"]
 #: extensions this server implements, in Triton's order.
 EXTENSIONS = (
     "classification",
+    "sequence",  # the sequence batcher and the sequence_id/start/end parameters
     "model_repository",
-    "model_repository(unload_dependents)",  # accepted; no ensembles, so no dependents
+    "model_repository(unload_dependents)",  # ensembles unload with their steps
     "schedule_policy",  # the request parameters priority and timeout
     "model_configuration",
     "binary_tensor_data",

@@ -19,9 +19,10 @@ from typing import Any
 import redis.asyncio
 
 from sluice.api.handlers.shutdown import Shutdown
+from sluice.api.handlers.stream_watch import InstanceWatch
 from sluice.api.models import ModelView
 from sluice.broker.codec import CodecError, decode_request
-from sluice.broker.errors import ErrorCode, FailureReason, SluiceError
+from sluice.broker.errors import TIMEOUT_TEXT, ErrorCode, FailureReason, SluiceError
 from sluice.broker.keys import KeySchema
 from sluice.broker.messages import InferRequestMessage, InferResponseMessage
 from sluice.broker.model_store import LIVE_HEARTBEAT_NS
@@ -34,6 +35,7 @@ from sluice.broker.producer import (
     submit_step,
 )
 from sluice.broker.replies import ReplyRouter
+from sluice.broker.response_stream import ResponseStream
 from sluice.broker.scheduling import StreamLayout
 from sluice.broker.sequences import SequenceStepInfo
 from sluice.broker.stats_store import StatsDelta
@@ -75,6 +77,8 @@ class RequestQueue:
         self._layouts: dict[tuple[str, int], StreamLayout] = {}
         #: rejection counts and cancellations being written (kept referenced until done)
         self._background: set[asyncio.Future[None]] = set()
+        #: fails a decoupled request's responses when the instance sending them dies
+        self._watch = InstanceWatch(client, keys)
 
     def enqueue(
         self,
@@ -98,13 +102,7 @@ class RequestQueue:
         if step is not None and view.sequence is not None:
             return self._enqueue_step(message, view, step)
         now_ns = message.enqueued_ns
-        layout = self._layouts.get((model, resolved))
-        if layout is None or layout.policy is not view.policy:
-            layout = StreamLayout(self._keys, model, resolved, view.policy)
-            self._layouts[(model, resolved)] = layout
-        level = layout.level_of(int(message.parameters.get("priority", 0) or 0))
-        max_queue_size = view.policy.queue_policy(level).max_queue_size
-        stream = layout.stream(level)
+        stream, level, max_queue_size = self._route(message, view)
         # the XADD leaves at the end of this loop iteration: registered below before any
         # reply can come; its future keeps the entry id for a cancellation
         queued = self._producer.submit(stream, message, max_queue_size)
@@ -114,7 +112,136 @@ class RequestQueue:
             functools.partial(self._cancelled, stream, model, resolved, now_ns, queued),
         )
         queued.add_done_callback(functools.partial(self._queued, future, model, resolved, now_ns))
+        timeout_ns = view.policy.timeout_ns(level, _requested_timeout_us(message))
+        if timeout_ns is not None and view.policy.queue_policy(level).timeout_action == "REJECT":
+            self._reject_at(now_ns + timeout_ns, future, stream, model, resolved, now_ns, queued)
+        future.add_done_callback(
+            functools.partial(self._deadline_passed, stream, model, resolved, now_ns, queued)
+        )
         return future
+
+    def _route(self, message: InferRequestMessage, view: ModelView) -> tuple[str, int, int]:
+        """The stream of ``message``'s priority level, the level and its max_queue_size."""
+        model, resolved = message.model, message.version
+        layout = self._layouts.get((model, resolved))
+        if layout is None or layout.policy is not view.policy:
+            layout = StreamLayout(self._keys, model, resolved, view.policy)
+            self._layouts[(model, resolved)] = layout
+        level = layout.level_of(int(message.parameters.get("priority", 0) or 0))
+        return layout.stream(level), level, view.policy.queue_policy(level).max_queue_size
+
+    def enqueue_stream(self, message: InferRequestMessage, view: ModelView) -> ResponseStream:
+        """Queue a request to a decoupled model; its responses arrive on the stream
+        returned (:mod:`sluice.broker.response_stream`). Cancelling the stream takes the
+        request off its queue if no instance has taken it yet, else tells the model
+        (``is_cancelled()``). A refused ``XADD`` fails the stream."""
+        model, resolved = message.model, message.version
+        stream_key, _, max_queue_size = self._route(message, view)
+        queued = self._producer.submit(stream_key, message, max_queue_size)
+        credit_key = self._keys.stream_credit(message.request_id)
+        ttl_ms = max(1, (message.deadline_ns - time.time_ns()) // 1_000_000)
+
+        def write_credit(count: int) -> None:
+            written = self._connection.call("SET", credit_key, count, "PX", ttl_ms)
+            written.add_done_callback(_ignore_result)
+
+        responses = self._router.expect_stream(
+            message.request_id, message.deadline_ns, write_credit
+        )
+        responses.model, responses.version = model, resolved
+        responses.on_cancel(
+            functools.partial(
+                self._cancelled, stream_key, model, resolved, message.enqueued_ns, queued
+            )
+        )
+        failed = asyncio.get_running_loop().create_future()
+        failed.add_done_callback(
+            lambda f: responses.fail(f.exception()) if f.exception() else None  # type: ignore[arg-type]
+        )
+        queued.add_done_callback(
+            functools.partial(self._queued, failed, model, resolved, message.enqueued_ns)
+        )
+        self._watch.add(responses)
+        return responses
+
+    def _deadline_passed(
+        self,
+        stream: str,
+        model: str,
+        version: int,
+        enqueued_ns: int,
+        queued: asyncio.Future[Any],
+        future: asyncio.Future[InferResponseMessage],
+    ) -> None:
+        """The client was answered "Request timeout expired" at the request's deadline:
+        take the request off its stream if no instance has taken it yet, so that it never
+        runs and no longer counts against ``max_queue_size`` (an instance that holds it
+        refuses it before running it)."""
+        if future.cancelled() or not isinstance(future.exception(), SluiceError):
+            return
+        if future.exception().message == TIMEOUT_TEXT:  # type: ignore[union-attr]
+            self._queue_timeout(future, stream, model, version, enqueued_ns, queued)
+
+    def _reject_at(
+        self,
+        when_ns: int,
+        future: asyncio.Future[InferResponseMessage],
+        stream: str,
+        model: str,
+        version: int,
+        enqueued_ns: int,
+        queued: asyncio.Future[Any],
+    ) -> None:
+        """At ``when_ns`` (wall clock), the request's queue timeout (Triton
+        ``ModelQueuePolicy`` with ``timeout_action: REJECT``): if no instance has taken
+        it yet it is taken off its stream and refused with UNAVAILABLE "Request timeout
+        expired", counted as a failure, reason REJECTED, at its timeout even while every
+        instance of the model is busy. One an instance holds is the instance's to
+        refuse (before it runs) or to run (it started before its timeout)."""
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(
+            max(0.0, (when_ns - time.time_ns()) / 1e9),
+            self._queue_timeout, future, stream, model, version, enqueued_ns, queued,
+        )  # fmt: skip
+        future.add_done_callback(lambda _: timer.cancel())
+
+    def _queue_timeout(
+        self,
+        future: asyncio.Future[InferResponseMessage],
+        stream: str,
+        model: str,
+        version: int,
+        enqueued_ns: int,
+        queued: asyncio.Future[Any],
+    ) -> None:
+        """Take the request off its stream (in the background) if no instance has taken
+        it; then fail ``future`` unless it is already done."""
+        if self._shutdown.exiting or not queued.done():
+            return
+        if queued.cancelled() or queued.exception() is not None:
+            return  # never queued: the client has its error
+        task = asyncio.ensure_future(
+            self._reject_queued(future, stream, queued.result(), model, version, enqueued_ns)
+        )
+        self._background.add(task)
+        task.add_done_callback(self._cancel_ended)
+
+    async def _reject_queued(
+        self,
+        future: asyncio.Future[InferResponseMessage],
+        stream: str,
+        entry_id: bytes,
+        model: str,
+        version: int,
+        enqueued_ns: int,
+    ) -> None:
+        async with asyncio.timeout(self._socket_timeout_s):
+            taken = await self._producer.cancel(
+                stream, entry_id, self._keys.stats(model, version),
+                time.time_ns() - enqueued_ns, FailureReason.REJECTED,
+            )  # fmt: skip
+        if taken and not future.done():
+            future.set_exception(SluiceError(ErrorCode.UNAVAILABLE, TIMEOUT_TEXT, model=model))
 
     def _enqueue_step(
         self, message: InferRequestMessage, view: ModelView, step: SequenceStepInfo
@@ -163,25 +290,34 @@ class RequestQueue:
         else:
             error = enqueue_error(exc, model)
         if isinstance(error, SluiceError) and error.message == QUEUE_FULL:
-            request_ns = max(0, time.time_ns() - enqueued_ns)
-            task = asyncio.ensure_future(self._count_rejection(model, version, request_ns))
-            self._background.add(task)
-            task.add_done_callback(self._counted)
+            delta = StatsDelta()
+            delta.failure(
+                request_ns=max(0, time.time_ns() - enqueued_ns), reason=FailureReason.REJECTED
+            )
+            self.count(model, version, delta)
         if not future.done():
             future.set_exception(error)
 
-    async def _count_rejection(self, model: str, version: int, request_ns: int) -> None:
-        delta = StatsDelta()
-        delta.failure(request_ns=request_ns, reason=FailureReason.REJECTED)
+    def count(self, model: str, version: int, delta: StatsDelta) -> None:
+        """Add ``delta`` to the version's gateway statistics hash, in the background (a
+        rejection, an ensemble request); a failure to write it is logged."""
+        task = asyncio.ensure_future(self._add_counts(model, version, delta))
+        self._background.add(task)
+        task.add_done_callback(self._counted)
+
+    async def _add_counts(self, model: str, version: int, delta: StatsDelta) -> None:
         key = self._keys.stats(model, version)
-        await self._connection.run_all(
-            [("HINCRBY", key, name, n) for name, n in delta.counts.items()]
-        )
+        commands: list[tuple[object, ...]] = [
+            ("HINCRBY", key, name, n) for name, n in delta.counts.items()
+        ]
+        if delta.last_inference_ms:
+            commands.append(("HSET", key, "last_inference_ms", delta.last_inference_ms))
+        await self._connection.run_all(commands)
 
     def _counted(self, task: asyncio.Future[None]) -> None:
         self._background.discard(task)
         if not task.cancelled() and (exc := task.exception()) is not None:
-            logger.warning("could not count a rejected request: %s", exc)
+            logger.warning("could not count a request in the statistics: %s", exc)
 
     def _cancelled(
         self,
@@ -270,3 +406,16 @@ class RequestQueue:
                 if ids:
                     dropped += int(await self._redis.xdel(stream, *ids))
         return dropped
+
+
+def _requested_timeout_us(message: InferRequestMessage) -> int | None:
+    """The request's ``timeout`` parameter in µs (None: absent or 0, "not given")."""
+    timeout = message.parameters.get("timeout") if message.parameters else None
+    return int(timeout) if isinstance(timeout, int) and timeout > 0 else None
+
+
+def _ignore_result(future: asyncio.Future[Any]) -> None:
+    """Retrieve a fire-and-forget command's outcome (a lost credit write only slows the
+    producer down until the next one)."""
+    if not future.cancelled():
+        future.exception()

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sluice.api.handlers.ensembles import EnsembleRunner
 from sluice.api.handlers.queueing import RequestQueue
 from sluice.api.handlers.shutdown import Shutdown, shutting_down
 from sluice.api.models import ModelRegistry, ModelView
@@ -34,6 +35,7 @@ from sluice.broker.messages import (
 )
 from sluice.broker.replies import ReplyRouter
 from sluice.broker.request_checks import validate_request
+from sluice.broker.response_stream import ResponseStream
 from sluice.broker.sequences import SequenceStepInfo
 
 __all__ = ["InferResult", "Submission"]
@@ -82,6 +84,7 @@ class Submission:
         #: request ids: this gateway's id + a counter, unique across gateways and cheap.
         self._id_prefix = f"{settings.gateway_id}-"
         self._ids = itertools.count()
+        self._ensembles = EnsembleRunner(registry, queue, self.next_request_id)
 
     async def infer(
         self,
@@ -293,9 +296,48 @@ class Submission:
             classification={o.name: o.class_count for o in outputs if o.class_count > 0},
             load_id=state.load_id if state is not None else "",
         )
+        if view.ensemble is not None:
+            return self._ensembles.submit(message, view)
         if self.cache is not None and view.config.response_cache.enable:
             return self.cache.submit(message, functools.partial(self._queue.enqueue, message, view))
         return self._queue.enqueue(message, view, step)
+
+    def submit_stream(
+        self,
+        request_id: str,
+        view: ModelView,
+        resolved: int,
+        client_id: str,
+        inputs: Sequence[WireTensor],
+        outputs: Sequence[RequestedOutput],
+        parameters: dict[str, ParameterValue],
+        waited_ns: int = 0,
+    ) -> ResponseStream:
+        """Validate and queue one request to a decoupled model; its responses arrive on
+        the stream returned (gRPC streaming and the generate extension use it).
+
+        Raises:
+            SluiceError: at once, INVALID_ARG when the request does not match the model
+                config (:func:`validate_request`).
+        """
+        validate_request(view, inputs, outputs)
+        now_ns = time.time_ns()
+        state = view.versions.get(resolved)
+        message = InferRequestMessage(
+            request_id=request_id,
+            client_id=client_id,
+            model=view.name,
+            version=resolved,
+            inputs=tuple(inputs),
+            outputs=tuple(o.name for o in outputs),
+            parameters=parameters,
+            reply_to=self._router.reply_key,
+            deadline_ns=now_ns + self._timeout_ns - waited_ns,
+            enqueued_ns=now_ns,
+            classification={o.name: o.class_count for o in outputs if o.class_count > 0},
+            load_id=state.load_id if state is not None else "",
+        )
+        return self._queue.enqueue_stream(message, view)
 
     @staticmethod
     def check(

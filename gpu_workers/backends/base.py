@@ -46,6 +46,10 @@ class InstanceContext:
         device_id: GPU ordinal for ``GPU`` instances, else 0.
         model_dir: the model's directory (the one holding ``config.pbtxt``).
         version_dir: ``model_dir / str(model_version)``.
+        redis_url: the deployment's Redis (a decoupled model sends its responses there).
+        key_prefix: the deployment's key prefix.
+        record_name: the instance's name in the version's instance records.
+        load_id: the model load the instance belongs to.
     """
 
     model_name: str
@@ -56,6 +60,10 @@ class InstanceContext:
     device_id: int
     model_dir: Path
     version_dir: Path
+    redis_url: str = ""
+    key_prefix: str = "sluice:"
+    record_name: str = ""
+    load_id: str = ""
 
     @property
     def model_file(self) -> Path:
@@ -74,6 +82,8 @@ class InferRequest:
             (``reshape`` applied); BYTES as ``object`` arrays of ``bytes``.
         requested_outputs: names the client asked for (empty = all).
         parameters: request parameters (custom ones and Triton's reserved ones).
+        reply_to: where its responses go (a decoupled model sends them itself).
+        deadline_ns: its wall-clock deadline, ns since the epoch (0: none).
     """
 
     request_id: str
@@ -81,6 +91,8 @@ class InferRequest:
     inputs: dict[str, np.ndarray]
     requested_outputs: tuple[str, ...] = ()
     parameters: dict[str, Any] = field(default_factory=dict)
+    reply_to: str = ""
+    deadline_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +101,12 @@ class InferResponse:
 
     outputs: dict[str, np.ndarray]
     parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Streamed:
+    """The backend answers the request itself, with its own responses (a decoupled
+    model's response sender): the instance sends no answer for it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +123,9 @@ class Backend(Protocol):
     def initialize(self, ctx: InstanceContext) -> None:
         """Load the model; raise to fail the load (the message becomes the reason)."""
 
-    def execute(self, requests: Sequence[InferRequest]) -> list[InferResponse | InferError]:
+    def execute(
+        self, requests: Sequence[InferRequest]
+    ) -> list[InferResponse | InferError | Streamed]:
         """Run ``requests``; return one entry per request, in order."""
 
     def finalize(self) -> None:

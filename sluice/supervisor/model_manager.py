@@ -51,6 +51,8 @@ from sluice.repository import (
     scan_repositories,
     version_directories,
 )
+from sluice.repository.ensemble import is_ensemble_config
+from sluice.supervisor.ensembles import Deferred, EnsembleLoads
 from sluice.supervisor.generations import Generations, LoadedModel, own_record
 from sluice.supervisor.model_source import (
     LoadError,
@@ -100,6 +102,7 @@ class ModelManager:
         )
         self.loaded: dict[str, LoadedModel] = {}
         self._failed: dict[str, str] = {}  # name -> fingerprint of the files that failed
+        self._ensembles = EnsembleLoads(self.loaded)
         self.stopping = False
 
     # -- repository -------------------------------------------------------------------------
@@ -135,7 +138,8 @@ class ModelManager:
             self._redis.set(self._keys.staged_config(model.name, model.generation), config_json)
             self._store.publish_config(model.name, config_json)
             for version in model.versions:
-                self._generations.ensure_groups(model.name, version, model.config)
+                if not is_ensemble_config(model.config):
+                    self._generations.ensure_groups(model.name, version, model.config)
                 self._store.set_state(
                     model.name,
                     version,
@@ -145,7 +149,8 @@ class ModelManager:
     # -- load -------------------------------------------------------------------------------
 
     def load_many(self, names: Sequence[str]) -> list[str]:
-        """Load several models, starting all their instances before waiting for any.
+        """Load several models, starting all their instances before waiting for any;
+        ensembles after the others (their steps are checked against those configs).
 
         Returns:
             One ``load failed for model 'm': reason`` line per model that failed.
@@ -153,27 +158,52 @@ class ModelManager:
         scan = self.scan()
         failures: list[str] = []
         started: list[tuple[LoadedModel, list[int]]] = []
-        for name in names:
-            try:
-                model = self._prepare(name, scan, "", {})
-                if model is not None:
-                    started.append((model, sorted(model.versions)))
-            except LoadError as exc:
-                failures.append(exc.message)
+        deferred: list[str] = []
+        self._ensembles.explicit.update(names)
+        self._ensembles.defer = True
+        try:
+            for name in names:
+                try:
+                    model = self._prepare(name, scan, "", {})
+                    if model is not None:
+                        started.append((model, sorted(model.versions)))
+                except Deferred:
+                    deferred.append(name)
+                except LoadError as exc:
+                    failures.append(exc.message)
+        finally:
+            self._ensembles.defer = False
         for model, _versions in started:
             try:
                 self._finish_load(model, previous=None)
             except LoadError as exc:
                 failures.append(exc.message)
+        for name in deferred:
+            if name in self.loaded:
+                continue  # loaded meanwhile as another ensemble's step
+            try:
+                self.load(name)
+            except LoadError as exc:
+                failures.append(exc.message)
         return failures
 
-    def load(self, name: str, config_json: str = "", files: dict[str, bytes] | None = None) -> None:
+    def load(
+        self,
+        name: str,
+        config_json: str = "",
+        files: dict[str, bytes] | None = None,
+        explicit: bool = True,
+    ) -> None:
         """Load or reload ``name`` (Triton ``POST /v2/repository/models/{m}/load``).
+
+        An ensemble loads its missing composing models first; a reload checks the loaded
+        ensembles that use the model again.
 
         Args:
             name: model name.
             config_json: a ``ModelConfig`` JSON to use instead of ``config.pbtxt``.
             files: ``<version>/<path>`` -> content: a complete model directory.
+            explicit: False when loaded only as an ensemble's composing model.
 
         Raises:
             LoadError: INTERNAL "failed to load 'm', failed to poll from model repository"
@@ -185,8 +215,12 @@ class ModelManager:
         if model is None:
             return
         self._finish_load(model, previous)
+        if explicit:
+            self._ensembles.explicit.add(name)
         if model.temp_dir is not None:
             self.scan()  # a model sent with the request joins the repository index
+        if previous is not None:
+            self._recheck_dependents(name)
 
     def _prepare(
         self, name: str, scan: ScanResult, config_json: str, files: dict[str, bytes]
@@ -210,6 +244,10 @@ class ModelManager:
                 strict=self.options.strict_model_config,
                 config_override=override,
             )
+            if is_ensemble_config(loaded.config):
+                self._ensembles.check(
+                    loaded.config, lambda m: self.load(m, explicit=False), scan.models.__contains__
+                )
         except (RepositoryError, SluiceError, ValueError) as exc:
             reason = str(exc) or type(exc).__name__
             self._record_failure(name, source, previous, reason, fingerprint)
@@ -247,7 +285,8 @@ class ModelManager:
                 # version that keeps serving meanwhile)
                 reset_version_stats(self._redis, self._keys, name, version)
                 self._store.set_state(name, version, VersionState(ModelState.LOADING))
-            self._generations.ensure_groups(name, version, loaded.config)
+            if not is_ensemble_config(loaded.config):
+                self._generations.ensure_groups(name, version, loaded.config)
             model.versions[version] = self._generations.start_version(model, version, config_key)
         return model
 
@@ -351,13 +390,32 @@ class ModelManager:
 
     # -- unload -----------------------------------------------------------------------------
 
-    def unload(self, name: str) -> None:
-        """Unload every version of ``name`` (Triton ``.../unload``); no-op if not loaded."""
+    def unload(self, name: str, unload_dependents: bool = False) -> None:
+        """Unload every version of ``name`` (Triton ``.../unload``); no-op if not loaded.
+        ``unload_dependents``: the ensembles using ``name`` first, and after an ensemble
+        the composing models loaded only for it (without it, an ensemble whose step model
+        is gone stays loaded and its requests fail at that step)."""
+        if unload_dependents:
+            for dependent in self._ensembles.dependents(name):
+                self.unload(dependent, unload_dependents=True)
         model = self.loaded.pop(name, None)
+        self._ensembles.explicit.discard(name)
         if model is None:
             return
         self._generations.retire(model, list(model.versions), drain=True)
         discard(model.temp_dir)
+        if unload_dependents and is_ensemble_config(model.config):
+            for composing in self._ensembles.orphaned(model.config):
+                self.unload(composing, unload_dependents=True)
+
+    def _recheck_dependents(self, name: str) -> None:
+        """After a reload of ``name``, an ensemble whose steps no longer fit turns UNAVAILABLE."""
+        for dependent, reason in self._ensembles.broken_dependents(name):
+            logger.error("ensemble '%s' no longer loads: %s", dependent, reason)
+            for version in self.loaded.pop(dependent).versions:
+                self._store.set_state(
+                    dependent, version, VersionState(ModelState.UNAVAILABLE, reason)
+                )
 
     # -- poll mode --------------------------------------------------------------------------
 

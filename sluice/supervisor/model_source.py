@@ -51,10 +51,8 @@ def source_fingerprint(model_dir: Path, config_json: str = "") -> str:
 def unsupported_feature(config: ModelConfig) -> str:
     """The first config feature Sluice cannot serve yet ("" when none); refused at load
     rather than accepted and silently ignored."""
-    if config.platform == "ensemble" or config.HasField("ensemble_scheduling"):
-        return "the ensemble scheduler (platform 'ensemble')"
-    if config.model_transaction_policy.decoupled:
-        return "a decoupled model_transaction_policy"
+    if config.model_transaction_policy.decoupled and config.backend != "python":
+        return f"a decoupled model_transaction_policy for backend '{config.backend}'"
     return ""
 
 

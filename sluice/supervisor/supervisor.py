@@ -32,7 +32,7 @@ from sluice.broker.control import (
     read_commands,
 )
 from sluice.broker.errors import ErrorCode, SluiceError, stream_gone
-from sluice.broker.keys import JOB_NAMESPACES, KeySchema
+from sluice.broker.keys import KeySchema
 from sluice.broker.messages import ErrorInfo
 from sluice.broker.model_store import ModelStore
 from sluice.broker.outage import OutageLog
@@ -143,7 +143,9 @@ class Supervisor:
 
     def reset_state(self) -> None:
         """Take this key prefix's deployment lease, then forget what an earlier server
-        with this prefix left (not its queues).
+        with this prefix left, except its queues, its live sequences and its jobs (so that
+        queued requests run, sequences continue within their idle time and accepted jobs go
+        on after a restart).
 
         Raises:
             sluice.supervisor.deployment_lease.DeploymentTaken: another ``sluice serve`` runs
@@ -152,9 +154,9 @@ class Supervisor:
         """
         self.lease.acquire()
         lease = self.keys.deployment().encode()
-        kept = tuple(f"{self.options.key_prefix}{n}".encode() for n in JOB_NAMESPACES)
         for key in self.client.scan_iter(match=f"{self.options.key_prefix}*", count=1000):
-            if key == lease or key.startswith(kept):  # accepted jobs outlive a restart
+            name = key.decode(errors="replace")
+            if key == lease or self.keys.is_sequence(name) or self.keys.is_job(name):
                 continue
             if self.client.type(key) != b"stream" or key == self.keys.control().encode():
                 self.client.delete(key)
@@ -362,7 +364,7 @@ class Supervisor:
                 if command.op == "load":
                     self.manager.load(command.model, command.config_json, command.files)
                 elif command.op == "unload":
-                    self.manager.unload(command.model)
+                    self.manager.unload(command.model, command.unload_dependents)
                 else:
                     raise SluiceError(ErrorCode.INVALID_ARG, f"unknown control op '{command.op}'")
             except (LoadError, SluiceError) as exc:

@@ -147,6 +147,51 @@ def test_queue_timeout_rejects_and_override_shortens(server) -> None:
     client.close()
 
 
+def test_queue_timeouts_fire_while_the_only_instance_is_busy(server) -> None:
+    """One request keeps slow_timeout's only instance busy for 2 s; two requests queued
+    behind it with a 200 ms timeout (HTTP and gRPC) are refused with 503 /
+    UNAVAILABLE at their timeout, not when the instance frees up, and never run."""
+    import tritonclient.grpc as grpcclient
+
+    client = httpclient.InferenceServerClient(server.http_url, concurrency=4)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    before = _stats(client, "slow_timeout")
+    busy = client.async_infer("slow_timeout", _slow_input(1.0), parameters={"sleep_ms": 2000})
+    time.sleep(0.3)  # the instance runs it
+    started = time.monotonic()
+    refused: dict[str, tuple[float, str]] = {}
+
+    def grpc_done(result, error) -> None:
+        refused["grpc"] = (time.monotonic() - started, error.status() if error else "ok")
+
+    tensor = grpcclient.InferInput("IN", [1, 1], "FP32")
+    tensor.set_data_from_numpy(np.array([[3.0]], np.float32))
+    grpc.async_infer("slow_timeout", [tensor], grpc_done, timeout=200_000)
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("slow_timeout", _slow_input(2.0), timeout=200_000)
+    refused["http"] = (time.monotonic() - started, info.value.status())
+    deadline = time.monotonic() + 5
+    while "grpc" not in refused and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert refused["http"][1] == "503" and "Request timeout expired" in info.value.message()
+    assert refused["grpc"][1] == "StatusCode.UNAVAILABLE"
+    assert 0.2 <= refused["http"][0] < 0.3 + 0.1, refused  # + 0.1: sending it
+    assert 0.2 <= refused["grpc"][0] < 0.3 + 0.1, refused
+    assert busy.get_result(timeout=30).as_numpy("OUT").tolist() == [[1.0]]
+    counts = before["inference_stats"]
+    expected = (counts["success"]["count"] + 1, counts["fail"]["count"] + 2)
+    deadline = time.monotonic() + 5
+    while True:  # the instance writes its statistics with its next Redis round trip
+        now = _stats(client, "slow_timeout")["inference_stats"]
+        got = (now["success"]["count"], now["fail"]["count"])
+        if got == expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert got == expected
+    grpc.close()
+    client.close()
+
+
 def test_delay_action_still_serves(server) -> None:
     client = httpclient.InferenceServerClient(server.http_url, concurrency=4)
     busy = client.async_infer("slow_delay", _slow_input(1.0), parameters={"sleep_ms": 500})

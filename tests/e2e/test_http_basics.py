@@ -30,9 +30,10 @@ def test_model_ready(http_client) -> None:
 def test_server_metadata(http_client) -> None:
     meta = http_client.get_server_metadata()
     assert meta["name"] == "triton"
-    # what is implemented, in Triton's order (sequence, shared memory and trace are not)
+    # what is implemented, in Triton's order (shared memory and trace are not)
     assert meta["extensions"] == [
         "classification",
+        "sequence",
         "model_repository",
         "model_repository(unload_dependents)",
         "schedule_policy",

@@ -340,6 +340,22 @@ def test_load_failure_reports_reason(explicit_server: Server) -> None:
     entry = _index(client)[("broken", "1")]
     assert entry["state"] == "UNAVAILABLE" and entry["reason"]
     assert client.is_model_ready("add_sub")
+    # what Triton 2.51 answers about a model whose load failed, and one that does not exist
+    assert not client.is_model_ready("broken")
+    for path, method in (("infer", "post"), ("", "get"), ("config", "get")):
+        answer = getattr(requests, method)(
+            f"{explicit_server.base}/v2/models/broken{'/' + path if path else ''}",
+            json={"inputs": []}, timeout=30,
+        )  # fmt: skip
+        assert answer.status_code == 404
+        assert answer.json() == {
+            "error": "Request for unknown model: 'broken' has no available versions"
+        }
+    missing = requests.post(f"{explicit_server.base}/v2/repository/models/nosuch/load", timeout=30)
+    assert missing.status_code == 500
+    assert missing.json() == {
+        "error": "failed to load 'nosuch', failed to poll from model repository"
+    }
 
 
 def test_unload_while_32_requests_in_flight(explicit_server: Server) -> None:
@@ -790,34 +806,67 @@ def test_not_ready_while_startup_models_load(
         assert stop_server(server) == 0, server.log()
 
 
-def test_ensembles_are_refused_at_load(explicit_server: Server) -> None:
+def _scale_twice(step_input: str = "INPUT0") -> str:
+    """An ensemble running ``batch_scale`` twice (OUT = 9 × IN), as a load's config."""
+    step = {"model_name": "batch_scale", "model_version": -1}
+    return json.dumps(
+        {
+            "name": "scale_twice",
+            "max_batch_size": 8,
+            "platform": "ensemble",
+            "ensemble_scheduling": {
+                "step": [
+                    {**step, "input_map": {step_input: "IN"}, "output_map": {"OUTPUT0": "mid"}},
+                    {**step, "input_map": {"INPUT0": "mid"}, "output_map": {"OUTPUT0": "OUT"}},
+                ]
+            },
+            "input": [{"name": "IN", "data_type": "TYPE_FP32", "dims": [4]}],
+            "output": [{"name": "OUT", "data_type": "TYPE_FP32", "dims": [4]}],
+        }
+    )
+
+
+def _ensemble_input(value: float) -> list[httpclient.InferInput]:
+    tensor = httpclient.InferInput("IN", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.full((1, 4), value, np.float32))
+    return [tensor]
+
+
+def test_ensemble_loads_its_steps_and_unloads_with_dependents(explicit_server: Server) -> None:
+    """Explicit mode (Triton): loading an ensemble loads its composing models;
+    ``unload_dependents`` unloads the ensembles of a model, and after an ensemble the
+    composing models that were loaded only for it."""
     client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
-    config = {
-        "name": "ens",
-        "max_batch_size": 8,
-        "platform": "ensemble",
-        "ensemble_scheduling": {
-            "step": [
-                {
-                    "model_name": "add_sub",
-                    "model_version": -1,
-                    "input_map": {"INPUT0": "A", "INPUT1": "B"},
-                    "output_map": {"OUTPUT0": "C"},
-                }
-            ]
-        },
-        "input": [
-            {"name": "A", "data_type": "TYPE_FP32", "dims": [16]},
-            {"name": "B", "data_type": "TYPE_FP32", "dims": [16]},
-        ],
-        "output": [{"name": "C", "data_type": "TYPE_FP32", "dims": [16]}],
-    }
+    files = {"file:1/.keep": b""}
+    client.unload_model("batch_scale")
+    client.load_model("scale_twice", config=_scale_twice(), files=files)
+    assert client.is_model_ready("scale_twice")
+    assert client.is_model_ready("batch_scale")  # loaded with it
+    out = client.infer("scale_twice", _ensemble_input(2.0)).as_numpy("OUT")
+    assert out.tolist() == [[18.0] * 4]
+    client.unload_model("scale_twice", unload_dependents=True)
+    assert not client.is_model_ready("scale_twice")
+    assert not client.is_model_ready("batch_scale")  # it was loaded only for the ensemble
+
+    client.load_model("scale_twice", config=_scale_twice(), files=files)
+    client.unload_model("batch_scale", unload_dependents=True)
+    assert not client.is_model_ready("scale_twice")
+    assert client.is_model_ready("add_sub")
+    client.close()
+
+
+def test_ensemble_load_error_names_step_and_tensor(explicit_server: Server) -> None:
+    client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
     with pytest.raises(InferenceServerException) as info:
-        client.load_model("ens", config=json.dumps(config), files={"file:1/.keep": b""})
+        client.load_model("scale_twice", config=_scale_twice("WRONG"), files={"file:1/.keep": b""})
     assert info.value.status() == "400"
-    assert "ensemble" in info.value.message()
-    assert "not supported by Sluice yet" in info.value.message()
-    assert client.is_model_ready("add_sub")  # the old add_sub still serves
+    assert info.value.message() == (
+        "load failed for model 'scale_twice': in ensemble 'scale_twice', ensemble tensor "
+        "'IN' is mapping to non-existing input 'WRONG' in model 'batch_scale' "
+        "(step 0 (model 'batch_scale'))"
+    )
+    assert client.is_model_ready("add_sub")
+    client.close()
 
 
 def test_statistics_add_up_across_reloads_and_instance_shards_do_not_pile_up(

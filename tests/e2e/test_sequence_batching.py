@@ -158,7 +158,7 @@ def test_grpc_stream_keeps_each_sequence_in_order(seq_server: Server) -> None:
         answers: dict[str, int] = {}
         for _ in range(20):
             item = results.get(timeout=30)
-            assert not isinstance(item, InferenceServerException), item
+            assert not isinstance(item, InferenceServerException), (item.status(), str(item))
             response = item.get_response()  # type: ignore[attr-defined]
             answers[response.id] = int(item.as_numpy("OUTPUT").item())  # type: ignore[attr-defined]
     finally:

@@ -11,6 +11,7 @@ list of requests of one call as Triton does, and converts the answers to
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import inspect
 import itertools
@@ -24,15 +25,19 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import redis
 from google.protobuf import json_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
+from sluice.broker.keys import KeySchema
+from sluice.gpu_workers.answers import Answers, output_datatypes
 from sluice.gpu_workers.backends.base import (
     InferError,
     InferRequest,
     InferResponse,
     InstanceContext,
     ModelCodeError,
+    Streamed,
 )
 from sluice.gpu_workers.backends.python import pb_utils
 from sluice.gpu_workers.backends.python.conversion import (
@@ -40,6 +45,7 @@ from sluice.gpu_workers.backends.python.conversion import (
     from_pb_response,
     to_pb_request,
 )
+from sluice.gpu_workers.backends.python.decoupled import ResponsePump, make_converter
 from sluice.repository.render import config_to_json
 
 __all__ = ["PythonBackend"]
@@ -94,17 +100,28 @@ def _check_supported(config: ModelConfig) -> None:
     """Refuse what Sluice cannot run yet, with a clear load error.
 
     Raises:
-        RuntimeError: ``EXECUTION_ENV_PATH`` or a decoupled transaction policy.
+        RuntimeError: ``EXECUTION_ENV_PATH``, or a decoupled model with sequence batching.
     """
     if "EXECUTION_ENV_PATH" in config.parameters:
         raise RuntimeError(
             f"model '{config.name}': parameter EXECUTION_ENV_PATH is not supported by Sluice "
             "yet; install the model's dependencies into the worker's environment instead"
         )
-    if config.model_transaction_policy.decoupled:
+    if config.model_transaction_policy.decoupled and config.HasField("sequence_batching"):
         raise RuntimeError(
-            f"model '{config.name}': decoupled models are not supported by Sluice yet"
+            f"model '{config.name}': a decoupled model with sequence batching is not "
+            "supported by Sluice yet"
         )
+
+
+def _response_pump(ctx: InstanceContext) -> ResponsePump:
+    """The pump of a decoupled model's instance, on a Redis connection pool of its own."""
+    client = redis.Redis.from_url(ctx.redis_url, protocol=2, socket_timeout=30)
+    answers = Answers(
+        ctx.model_name, ctx.model_version, ctx.load_id, output_datatypes(ctx.config),
+        ctx.config.max_batch_size > 0,
+    )  # fmt: skip
+    return ResponsePump(client, KeySchema(ctx.key_prefix), answers, ctx.record_name)
 
 
 class PythonBackend:
@@ -117,6 +134,7 @@ class PythonBackend:
         self._output_names: list[str] = []
         self._input_reshape: dict[str, tuple[int, ...]] = {}
         self._batching = False
+        self._pump: ResponsePump | None = None
 
     @staticmethod
     def initialize_args(ctx: InstanceContext) -> dict[str, str]:
@@ -167,6 +185,8 @@ class PythonBackend:
                 state.output_name,
                 OutputSpec(state.output_name, state.data_type, tuple(state.dims), False),
             )
+        if config.model_transaction_policy.decoupled:
+            self._pump = _response_pump(ctx)
         init = getattr(model, "initialize", None)
         if init is not None:
             try:
@@ -199,6 +219,12 @@ class PythonBackend:
             )
             for r in requests
         ]
+        if self._pump is not None:
+            for request, pb_request in zip(requests, pb_requests, strict=True):
+                pb_request._response_sender = self._pump.sender(
+                    request.request_id, request.reply_to, request.deadline_ns,
+                    make_converter(self._pump, functools.partial(self._convert, pb_request)),
+                )  # fmt: skip
         try:
             responses = self._model.execute(pb_requests)
             if inspect.iscoroutine(responses):  # python_backend allows ``async def execute``
@@ -217,11 +243,14 @@ class PythonBackend:
                 f"Failed to process the request(s) for model "
                 f"instance '{instance}', message: {type(exc).__name__}: {exc}",
             )
+        if self._pump is not None:
+            # a decoupled model answers through its senders; execute returns None
+            return [Streamed()] * len(requests)
         if not isinstance(responses, list | tuple):
             return self._fail_all(
                 len(requests),
                 f"model '{name}': execute() must return a list of InferenceResponse objects, "
-                f"got {type(responses).__name__} (decoupled models are not supported yet)",
+                f"got {type(responses).__name__}",
             )
         if len(responses) != len(requests):
             return self._fail_all(
@@ -241,6 +270,13 @@ class PythonBackend:
             for resp, req in zip(responses, pb_requests, strict=True)
         ]
 
+    def _convert(self, pb_request: Any, response: Any) -> InferResponse | InferError:
+        assert self._ctx is not None
+        return from_pb_response(
+            response, pb_request, self._outputs, model=self._ctx.model_name,
+            batching=self._batching, keep=self._state_outputs,
+        )  # fmt: skip
+
     @staticmethod
     def _fail_all(count: int, message: str) -> list[InferResponse | InferError]:
         return [InferError("INTERNAL", message) for _ in range(count)]
@@ -251,6 +287,8 @@ class PythonBackend:
         fin = getattr(model, "finalize", None)
         if fin is not None:
             fin()
+        if self._pump is not None:
+            self._pump.stop()
 
     @staticmethod
     def auto_complete(config: ModelConfig, version_dir: Path) -> None:

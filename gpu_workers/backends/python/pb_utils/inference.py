@@ -72,6 +72,8 @@ class InferenceRequest:
         self._parameters = (
             parameters if isinstance(parameters, str) else json.dumps(dict(parameters))
         )
+        #: a decoupled model's response sender for this request (set by the backend)
+        self._response_sender: Any = None
 
     def inputs(self) -> list[Tensor]:
         """The input tensors (only those the client sent)."""
@@ -114,41 +116,50 @@ class InferenceRequest:
         return self._model_version
 
     def is_cancelled(self) -> bool:
-        """Always False: Sluice does not propagate cancellation to Python models yet."""
-        return False
+        """Whether the client cancelled this request (a decoupled model's request whose
+        gRPC stream was closed or cancelled); always False for other models."""
+        sender = self._response_sender
+        return bool(sender is not None and sender.is_cancelled())
 
     def get_response_sender(self) -> Any:
-        """Decoupled response sender (not available).
+        """The response sender of a request to a decoupled model
+        (``send(response=None, flags=0)``, ``is_cancelled()``).
 
         Raises:
-            TritonModelException: always; decoupled models are not supported yet.
+            TritonModelException: the model is not decoupled.
         """
-        raise TritonModelException("decoupled models are not supported yet by Sluice")
+        if self._response_sender is None:
+            raise TritonModelException(
+                "the response sender is available to decoupled models only "
+                "(model_transaction_policy { decoupled: true })"
+            )
+        return self._response_sender
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
-        """Run this request on ``model_name`` (BLS) and return its response.
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run this request on ``model_name`` (BLS) and return its response; with
+        ``decoupled``, an iterator over its responses (a decoupled model's; the last one
+        has the final flag and may be empty).
 
         Like Triton, a failure of the target model is returned as a response
         whose ``has_error()`` is True.
 
         Raises:
-            TritonModelException: BLS is not available here, or ``decoupled`` was asked.
+            TritonModelException: BLS is not available here.
         """
-        if decoupled:
-            raise TritonModelException("decoupled BLS requests are not supported yet by Sluice")
         executor = bls.executor
         if executor is None:
             raise TritonModelException(
                 "BLS is not available: this process has no inference executor"
             )
         try:
-            return executor(self)
+            return executor(self, decoupled) if decoupled else executor(self)
         except TritonModelException:
             raise
         except Exception as exc:
-            return InferenceResponse(error=TritonError(str(exc), TritonError.INTERNAL))
+            failed = InferenceResponse(error=TritonError(str(exc), TritonError.INTERNAL))
+            return iter([failed]) if decoupled else failed
 
-    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
+    async def async_exec(self, decoupled: bool = False) -> Any:
         """:meth:`exec` in a worker thread, for ``async def execute`` models."""
         return await asyncio.to_thread(self.exec, decoupled)
 
