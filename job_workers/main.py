@@ -23,11 +23,7 @@ from sluice.job_workers.settings import JobWorkerSettings
 
 __all__ = ["add_job_arguments", "main", "settings_from_args"]
 
-logger = logging.getLogger(__name__)
-
-#: Celery's loggers, quiet (warnings and errors) unless ``--log-verbose`` is set: a
-#: retried task logs an INFO line, and a long job's task is retried every few seconds.
-_CELERY_LOGGERS = ("celery", "kombu")
+logger = logging.getLogger("sluice.job_workers")  # not "__main__" under python -m
 
 
 class _RejectWithoutTraceback(logging.Filter):
@@ -41,6 +37,10 @@ class _RejectWithoutTraceback(logging.Filter):
             record.exc_info = None
             record.exc_text = None
         return True
+
+
+def _keep_logging(**_: object) -> None:
+    """Celery's ``setup_logging`` signal: nothing to do (see :func:`run_job_worker`)."""
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,6 +95,11 @@ def run_job_worker(settings: JobWorkerSettings) -> int:
         runner.stopping.set()
 
     signals.worker_shutting_down.connect(stopping, weak=False)
+    # Sluice's logging stays as configured (broker.logs: Celery's and kombu's own info and
+    # debug lines only from --log-verbose 2, as other libraries'; a retried task logs an
+    # info line, and a long job's task is retried every few seconds); with a receiver of
+    # this signal Celery sets up no logging of its own
+    signals.setup_logging.connect(_keep_logging, weak=False)
     # started by ``sluice serve`` (SIGINT ignored): a terminal's Ctrl-C reaches the whole
     # process group, and the supervisor stops its children itself (SIGTERM)
     sigint_ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
@@ -115,12 +120,8 @@ def run_job_worker(settings: JobWorkerSettings) -> int:
         without_mingle=True,
         without_gossip=True,
         quiet=True,
-        loglevel="DEBUG" if settings.log_verbose else "INFO",
     )
     logging.getLogger("celery.app.trace").addFilter(_RejectWithoutTraceback())
-    if settings.log_verbose == 0:  # after the worker set its loggers up
-        for name in _CELERY_LOGGERS:
-            logging.getLogger(name).setLevel(logging.WARNING)
     logger.info(
         "job worker %s: %d jobs at once, queue '%sjobs'",
         settings.worker_id,
