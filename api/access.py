@@ -136,11 +136,13 @@ def http_group(method: str, path: str) -> str | None:
         return "logging"
     if head == "trace":
         return "trace"
+    if head == "jobs":
+        return "inference"
     if head == "models":
         last = parts[-1]
         if len(parts) == 3 and last == "stats":
             return "statistics"
-        if last in ("infer", "generate", "generate_stream"):
+        if last in ("infer", "generate", "generate_stream", "jobs"):
             return "inference"
         if last == "ready":
             return "health"

@@ -25,6 +25,7 @@ from sluice.api.dataplane import DataPlane
 from sluice.api.errors import client_error
 from sluice.api.http.generate import router as generate_router
 from sluice.api.http.infer import InferEndpoint
+from sluice.api.http.jobs import router as jobs_router
 from sluice.api.http.routes import error_response, router
 from sluice.api.models import ModelRegistry
 from sluice.api.settings import GatewaySettings
@@ -95,6 +96,7 @@ def create_app(settings: GatewaySettings, dataplane: DataPlane) -> FastAPI:
     app.state.settings = settings
     app.state.dataplane = dataplane
     app.include_router(router)
+    app.include_router(jobs_router)
     app.include_router(generate_router)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

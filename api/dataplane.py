@@ -20,6 +20,7 @@ from sluice.api.handlers import (
     Statistics,
     Submission,
 )
+from sluice.api.handlers.jobs import Jobs
 from sluice.api.log_settings import LogSettings
 from sluice.api.models import ModelRegistry
 from sluice.api.response_cache import ResponseCache
@@ -48,6 +49,7 @@ class DataPlane:
         repository: the repository index, model load and unload.
         statistics: the statistics extension.
         submission: inference requests (resolve, validate, queue, await).
+        jobs: async jobs (accept, look up, cancel, list).
         queue: the model versions' request queues (cancellation, the exit's clean-up).
         log_settings: the logging extension's settings.
     """
@@ -80,6 +82,7 @@ class DataPlane:
             else None
         )
         self.submission = Submission(settings, registry, router, self.queue, self.shutdown, cache)
+        self.jobs = Jobs(settings, client, self.submission)
 
     def begin_shutdown(self) -> None:
         """Refuse new inference requests from now on (the server is exiting).

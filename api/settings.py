@@ -108,6 +108,19 @@ class MetricsSettings(BaseModel):
         return value
 
 
+class JobSettings(BaseModel):
+    """The async job API (docs/user-guide/jobs.md)."""
+
+    result_ttl_s: int = Field(default=86_400, gt=0)
+    """How long a finished job's record and results are kept, in s, unless the job
+    asks for another (``ttl_secs``, at most ``max_ttl_s``)."""
+    max_ttl_s: int = Field(default=30 * 86_400, gt=0)
+    """The longest ``ttl_secs`` a job may ask for, in s."""
+    timeout_s: int = Field(default=86_400, gt=0)
+    """How long a job may take from its submission, in s; past it, it fails with
+    "Request timeout expired"."""
+
+
 class GatewaySettings(BaseSettings):
     """Everything one gateway process needs."""
 
@@ -119,6 +132,7 @@ class GatewaySettings(BaseSettings):
     http: HttpSettings = HttpSettings()
     grpc: GrpcSettings = GrpcSettings()
     metrics: MetricsSettings = MetricsSettings()
+    jobs: JobSettings = JobSettings()
     gateway_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
     """Names this gateway's reply key; unique per process."""
     server_id: str = "triton"

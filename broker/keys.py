@@ -12,6 +12,10 @@ from dataclasses import dataclass
 #: consumer group every instance of a model joins on the model's stream.
 WORKER_GROUP = "instances"
 
+#: what the keys of async jobs start with after the prefix (``job:``, ``jobs:``): kept
+#: when ``sluice serve`` starts again, so accepted jobs outlive a restart.
+JOB_NAMESPACES = ("job:", "jobs:")
+
 
 @dataclass(frozen=True, slots=True)
 class KeySchema:
@@ -38,6 +42,11 @@ class KeySchema:
         answer (``broker.sequences``); ``corrid`` is the tagged correlation id
         (``u:<int>`` or ``s:<string>``). Expires after the sequence's idle time."""
         return f"{self.prefix}{{{model}}}:seq:{version}:{corrid}"
+
+    def is_job(self, key: str) -> bool:
+        """Whether ``key`` is one of the async jobs' keys (:data:`JOB_NAMESPACES`) of this
+        prefix: records, inputs, results, rows, and Celery's queue."""
+        return key.startswith(tuple(self.prefix + n for n in JOB_NAMESPACES))
 
     def is_sequence(self, key: str) -> bool:
         """Whether ``key`` is a live sequence's hash (:meth:`sequence`) of this prefix."""
@@ -118,3 +127,56 @@ class KeySchema:
         """Prefix of the version's latency histograms, one hash per age bucket (the bucket
         number follows; ``broker.latency_window``)."""
         return f"{self.prefix}{{{model}}}:latency:{version}:"
+
+    # -- async jobs (docs/user-guide/jobs.md); a job's keys share the hash tag of its id --
+
+    def job(self, job_id: str) -> str:
+        """Hash: one job's record (``broker.job_records.JobRecord``)."""
+        return f"{self.prefix}job:{{{job_id}}}"
+
+    def job_input(self, job_id: str) -> str:
+        """String: a single job's request (``encode_job_request``) or a bulk job's
+        JSON-lines body."""
+        return f"{self.prefix}job:{{{job_id}}}:input"
+
+    def job_result(self, job_id: str) -> str:
+        """String: a single job's answer (an encoded ``InferResponseMessage``)."""
+        return f"{self.prefix}job:{{{job_id}}}:result"
+
+    def job_output(self, job_id: str) -> str:
+        """Hash: a bulk job's answered rows, line number -> output JSON line."""
+        return f"{self.prefix}job:{{{job_id}}}:output"
+
+    def job_errors(self, job_id: str) -> str:
+        """Hash: a bulk job's failed rows, line number -> error JSON line."""
+        return f"{self.prefix}job:{{{job_id}}}:errors"
+
+    def job_lease(self, job_id: str) -> str:
+        """String: the token of the job worker running the job, with a short expiry."""
+        return f"{self.prefix}job:{{{job_id}}}:lease"
+
+    def job_keys(self, job_id: str) -> list[str]:
+        """Every key of one job but its lease (what expires with its record)."""
+        return [
+            self.job(job_id),
+            self.job_input(job_id),
+            self.job_result(job_id),
+            self.job_output(job_id),
+            self.job_errors(job_id),
+        ]
+
+    def jobs_index(self) -> str:
+        """Sorted set: job id -> creation time (ms since the epoch), for listing."""
+        return f"{self.prefix}jobs:index"
+
+    def jobs_active(self) -> str:
+        """Set: ids of the jobs not finished yet (PENDING or STARTED)."""
+        return f"{self.prefix}jobs:active"
+
+    def jobs_stats(self) -> str:
+        """Hash: job counters (``<event>\t<kind>\t<model>`` -> count) for ``/metrics``."""
+        return f"{self.prefix}jobs:stats"
+
+    def celery_prefix(self) -> str:
+        """What every key of the jobs' Celery broker and result backend starts with."""
+        return f"{self.prefix}jobs:celery:"

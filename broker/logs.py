@@ -25,7 +25,7 @@ __all__ = ["LOG_FORMATS", "LogOptions", "configure_logging", "reconfigure"]
 
 LOG_FORMATS = ("default", "ISO8601")
 #: third-party loggers whose info and debug lines are not Sluice's news.
-_LIBRARY_LOGGERS = ("grpc", "redis", "asyncio")
+_LIBRARY_LOGGERS = ("grpc", "redis", "asyncio", "celery", "kombu")
 _ENV = {
     "verbose": "SLUICE_LOG_VERBOSE",
     "info": "SLUICE_LOG_INFO",

@@ -23,13 +23,23 @@ An instance is live while READY with a fresh heartbeat. A peer claims the pendin
 requests of an instance that is STOPPED, UNAVAILABLE or whose heartbeat is stale. A
 retired instance that still holds requests is written STOPPED with the reason
 :data:`RETIRED_HOLDING` until a peer has taken them.
+
+Async job (:class:`JobState`), Celery's state names (docs/user-guide/jobs.md)::
+
+    PENDING ──a job worker takes it──▶ STARTED ──▶ SUCCESS | FAILURE
+       │  └──deadline passed, input unreadable──▶ FAILURE      │
+       └──DELETE──▶ REVOKED ◀──DELETE─────────────────────────┘
+
+A job worker that dies leaves its job STARTED; the next one to take the job's task
+starts it again (STARTED -> STARTED). SUCCESS, FAILURE and REVOKED are final: a job
+reaches one of them once (``broker.job_store``, a compare-and-set in Redis).
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["RETIRED_HOLDING", "InstanceState", "ModelState"]
+__all__ = ["JOB_TRANSITIONS", "RETIRED_HOLDING", "InstanceState", "JobState", "ModelState"]
 
 
 class ModelState(StrEnum):
@@ -60,3 +70,30 @@ class InstanceState(StrEnum):
 #: generation that still owns pending requests (a reload's old instance that was killed
 #: or stopped past its drain timeout): a peer claims them at once, then the record goes.
 RETIRED_HOLDING = "retired holding requests"
+
+
+class JobState(StrEnum):
+    """An async job's state (Celery's task state names)."""
+
+    PENDING = "PENDING"
+    STARTED = "STARTED"
+    SUCCESS = "SUCCESS"
+    FAILURE = "FAILURE"
+    REVOKED = "REVOKED"
+
+    @property
+    def final(self) -> bool:
+        """True for SUCCESS, FAILURE and REVOKED: nothing changes the job any more."""
+        return self not in (JobState.PENDING, JobState.STARTED)
+
+
+#: The states a job may move to from each state (a final state moves nowhere).
+JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.PENDING: frozenset({JobState.STARTED, JobState.FAILURE, JobState.REVOKED}),
+    JobState.STARTED: frozenset(
+        {JobState.STARTED, JobState.SUCCESS, JobState.FAILURE, JobState.REVOKED}
+    ),
+    JobState.SUCCESS: frozenset(),
+    JobState.FAILURE: frozenset(),
+    JobState.REVOKED: frozenset(),
+}

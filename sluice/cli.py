@@ -1,4 +1,4 @@
-"""``sluice`` command line: ``serve`` (all in one), ``gateway``, ``worker``.
+"""``sluice`` command line: ``serve`` (all in one), ``gateway``, ``worker``, ``jobs``.
 
 Flag names are Triton's where Triton has the flag (``--model-repository``,
 ``--http-port``, ``--model-control-mode``, ``--log-verbose``, ``--exit-on-error``,
@@ -96,6 +96,12 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         default=60.0,
         help="longest wait for a response when the client sets none",
     )
+    p.add_argument(
+        "--job-workers",
+        type=_count,
+        default=1,
+        help="job worker processes for the async job API (0: none; see 'sluice jobs')",
+    )
     p.add_argument("--log-verbose", type=int, default=0)
     add_frontend_arguments(p)
     add_inert_arguments(p)
@@ -164,6 +170,7 @@ def serve(args: argparse.Namespace) -> int:
         log_verbose=args.log_verbose,
         exit_timeout_s=args.exit_timeout_secs,
         request_timeout_s=args.request_timeout_secs,
+        job_workers=args.job_workers,
         gateway_args=tuple(forward_frontend_arguments(args)),
         extra_env=log_options.to_env(),  # gateway and workers log as this process does
     )
@@ -349,6 +356,13 @@ def port_is_free(address: str, port: int) -> bool:
     return True
 
 
+def _count(text: str) -> int:
+    """argparse type: a whole number ≥ 0."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got '{text}'")
+    return int(text)
+
+
 def _positive(text: str) -> int:
     """argparse type: a whole number ≥ 1."""
     try:
@@ -369,8 +383,8 @@ class _OneLineErrors(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``sluice`` parser with its ``serve``, ``gateway`` and ``worker`` commands
-    (``worker`` parses its own flags: they are left over here)."""
+    """The ``sluice`` parser with its ``serve``, ``gateway``, ``worker`` and ``jobs``
+    commands (``worker`` and ``jobs`` parse their own flags: they are left over here)."""
     parser = _OneLineErrors(
         prog="sluice",
         description="Triton-compatible inference server whose requests travel through Redis",
@@ -380,6 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
     gateway = sub.add_parser("gateway", help="one stateless HTTP + gRPC gateway")
     add_gateway_arguments(gateway)
     sub.add_parser("worker", help="one model instance (see 'sluice worker --help')", add_help=False)
+    sub.add_parser(
+        "jobs", help="a job worker for async jobs (see 'sluice jobs --help')", add_help=False
+    )
     return parser
 
 
@@ -398,6 +415,10 @@ def main(argv: list[str] | None = None) -> int:
 
         run_gateway(settings_from_args(args))
         return 0
+    if args.command == "jobs":
+        from sluice.job_workers.main import main as jobs_main
+
+        return jobs_main(rest)
     from sluice.gpu_workers.main import main as worker_main
 
     return worker_main(rest)

@@ -20,9 +20,14 @@ import redis.exceptions
 
 from sluice.api.metrics.snapshot import VersionSample, read_versions
 from sluice.api.periodic import Periodic
+from sluice.broker.job_records import JobKind
+from sluice.broker.job_store import JobStore
 from sluice.broker.keys import KeySchema
 
 __all__ = ["DashboardHistory", "Point"]
+
+#: the newest jobs the jobs panel lists.
+JOBS_SHOWN = 15
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +77,9 @@ class DashboardHistory:
     _series: dict[tuple[str, int], _Series] = field(default_factory=dict)
     _latest: list[VersionSample] = field(default_factory=list)
     _timer: Periodic | None = None
+    #: the jobs panel: the newest jobs, and each bulk job's rows done at the last sample
+    _jobs: list[dict[str, Any]] = field(default_factory=list)
+    _rows_done: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     async def start(self) -> None:
         """Start sampling."""
@@ -86,7 +94,40 @@ class DashboardHistory:
     async def sample(self, now_ms: int | None = None) -> None:
         """Read every version once and extend the series."""
         samples = await read_versions(self.client, self.keys, ready_only=False)
-        self.record(samples, time.time_ns() // 1_000_000 if now_ms is None else now_ms)
+        now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+        self.record(samples, now)
+        await self.sample_jobs(now)
+
+    async def sample_jobs(self, now_ms: int) -> None:
+        """Read the newest jobs for the jobs panel (rows per second of a bulk job: since
+        the previous sample)."""
+        store = JobStore(self.client, self.keys)
+        records = await store.recent(None, None, JOBS_SHOWN)
+        counts = await store.row_counts([r.id for r in records])
+        jobs, done = [], {}
+        for record, (completed, failed) in zip(records, counts, strict=True):
+            rows = completed + failed
+            before = self._rows_done.get(record.id)
+            rate = 0.0
+            if before is not None and now_ms > before[1]:
+                rate = max(0, rows - before[0]) * 1000 / (now_ms - before[1])
+            done[record.id] = (rows, now_ms)
+            bulk = record.kind is JobKind.BULK
+            jobs.append(
+                {
+                    "id": record.id,
+                    "kind": record.kind.value,
+                    "model": record.model,
+                    "state": record.state.value,
+                    "created_ms": record.created_ns // 1_000_000,
+                    "total": record.total if bulk else None,
+                    "completed": completed if bulk else None,
+                    "failed": failed if bulk else None,
+                    "rows_per_s": round(rate, 1) if bulk else None,
+                    "error": record.error,
+                }
+            )
+        self._jobs, self._rows_done = jobs, done
 
     def record(self, samples: list[VersionSample], now_ms: int) -> None:
         """Add one reading taken at ``now_ms`` (pure; the sampler and tests call it)."""
@@ -155,4 +196,5 @@ class DashboardHistory:
             "interval_s": self.interval_s,
             "window_s": self.keep_s,
             "models": models,
+            "jobs": self._jobs,
         }

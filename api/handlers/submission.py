@@ -36,6 +36,7 @@ from sluice.broker.messages import (
 from sluice.broker.replies import ReplyRouter
 from sluice.broker.request_checks import validate_request
 from sluice.broker.response_stream import ResponseStream
+from sluice.broker.sequences import SequenceStepInfo
 
 __all__ = ["InferResult", "Submission"]
 
@@ -248,11 +249,14 @@ class Submission:
         *,
         checked: bool = False,
         waited_ns: int = 0,
+        deadline_ns: int | None = None,
     ) -> asyncio.Future[InferResponseMessage]:
         """Validate and queue one request without waiting; the future gets its response.
 
         ``waited_ns``: how long the request already waited for its model's view
         (:meth:`resolve_for_infer`), in ns; its deadline is that much nearer.
+        ``deadline_ns``: the request's wall-clock deadline (ns since the epoch) instead of
+        the gateway's request timeout (an async job's own deadline).
 
         ``checked``: the caller knows that a request with the same inputs' names,
         datatypes, shapes and byte sizes and the same outputs passed
@@ -273,17 +277,10 @@ class Submission:
                 request does not match the model config (:func:`validate_request`).
         """
         model = view.name
-        if view.decoupled:
-            raise SluiceError(
-                ErrorCode.UNSUPPORTED,
-                f"model '{model}': HTTP end point doesn't support models with decoupled "
-                "transaction policy",
-                model=model,
-            )
-        if not checked:
-            validate_request(view, inputs, outputs)
-        step = None if view.sequence is None else view.sequence.check(parameters, tuple(inputs))
+        step = self.check(view, inputs, outputs, parameters, checked=checked)
         now_ns = time.time_ns()
+        if deadline_ns is None:
+            deadline_ns = now_ns + self._timeout_ns - waited_ns
         state = view.versions.get(resolved)
         message = InferRequestMessage(
             request_id=request_id,
@@ -294,7 +291,7 @@ class Submission:
             outputs=tuple(o.name for o in outputs),
             parameters=parameters,
             reply_to=self._router.reply_key,
-            deadline_ns=now_ns + self._timeout_ns - waited_ns,
+            deadline_ns=deadline_ns,
             enqueued_ns=now_ns,
             classification={o.name: o.class_count for o in outputs if o.class_count > 0},
             load_id=state.load_id if state is not None else "",
@@ -341,6 +338,34 @@ class Submission:
             load_id=state.load_id if state is not None else "",
         )
         return self._queue.enqueue_stream(message, view)
+
+    @staticmethod
+    def check(
+        view: ModelView,
+        inputs: Sequence[WireTensor],
+        outputs: Sequence[RequestedOutput],
+        parameters: dict[str, ParameterValue],
+        *,
+        checked: bool = False,
+    ) -> SequenceStepInfo | None:
+        """Refuse a request the model cannot take, as :meth:`submit` does before queueing
+        it; returns its sequence step (None: not a sequence model).
+
+        Raises:
+            SluiceError: UNSUPPORTED for a decoupled model, INVALID_ARG when the request
+                does not match the model config (:func:`validate_request`) or breaks the
+                sequence batcher's rules.
+        """
+        if view.decoupled:
+            raise SluiceError(
+                ErrorCode.UNSUPPORTED,
+                f"model '{view.name}': HTTP end point doesn't support models with decoupled "
+                "transaction policy",
+                model=view.name,
+            )
+        if not checked:
+            validate_request(view, inputs, outputs)
+        return None if view.sequence is None else view.sequence.check(parameters, tuple(inputs))
 
     @staticmethod
     def result(model: str, client_id: str, response: InferResponseMessage) -> InferResult:

@@ -92,7 +92,7 @@ def _header_length(headers: Mapping[bytes, bytes], body: bytes) -> int | None:
         ) from None
 
 
-def _parse(
+def parse_body(
     max_body_bytes: int,
     view: ModelView,
     headers: Mapping[bytes, bytes],
@@ -214,7 +214,7 @@ async def handle_infer(
         view, resolved = await sub.resolve_for_infer(model, version)  # unknown model: 404 first
         waited_ns = time.monotonic_ns() - started_ns
         raw = await _read_body(receive, headers, max_body_bytes)
-        parsed, _ = _parse(max_body_bytes, view, headers, raw)
+        parsed, _ = parse_body(max_body_bytes, view, headers, raw)
     except SluiceError as exc:  # refused before it had ids: one verbose line
         sub.log_failure(request_id, "", model, version, exc)
         raise
@@ -333,7 +333,9 @@ class InferEndpoint:
                     fallback()
                     return False
                 headers = dict(scope["headers"])
-                parsed, kept = _parse(self.max_body_bytes, cached[0], headers, body, self.headers)
+                parsed, kept = parse_body(
+                    self.max_body_bytes, cached[0], headers, body, self.headers
+                )
             except SluiceError as exc:  # refused before it had ids: one verbose line
                 sub.log_failure(request_id, "", model, version, exc)
                 raise

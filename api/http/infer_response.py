@@ -30,6 +30,7 @@ def encode_infer_response(
     requested: Sequence[RequestedOutput],
     binary_data_output: bool,
     parameters: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> tuple[bytes, dict[str, str]]:
     """Build an HTTP inference response body.
 
@@ -44,6 +45,8 @@ def encode_infer_response(
             guarantees each name is in ``outputs``.
         binary_data_output: the request-level default encoding.
         parameters: response parameters; the member is left out when empty.
+        extra: members written first in the JSON object (an async job's ``id``,
+            ``state`` and times: docs/reference/http-protocol.md, Async jobs).
 
     Returns:
         ``(body, headers)``. With at least one binary output the body is the
@@ -65,7 +68,9 @@ def encode_infer_response(
         for tensor, wanted in select_outputs(outputs, requested)
     ]
 
-    response: dict[str, Any] = {"model_name": model, "model_version": version}
+    response: dict[str, Any] = dict(extra) if extra else {}
+    response["model_name"] = model
+    response["model_version"] = version
     if client_id:
         response["id"] = client_id
     if parameters:

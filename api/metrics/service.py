@@ -12,9 +12,11 @@ import redis.exceptions
 from sluice.api.metrics.exposition import Family, render
 from sluice.api.metrics.families import model_families
 from sluice.api.metrics.host import HostSampler
+from sluice.api.metrics.jobs import JobMetrics
 from sluice.api.metrics.snapshot import read_versions
 from sluice.api.periodic import Periodic
 from sluice.api.settings import MetricsSettings
+from sluice.broker.job_store import JobStore
 from sluice.broker.keys import KeySchema
 from sluice.broker.latency_window import parse_quantiles
 
@@ -60,6 +62,7 @@ class MetricsService:
         self._redis = client
         self._keys = keys
         self.host = HostSampler(cpu=settings.cpu, gpu=settings.gpu)
+        self.jobs = JobMetrics(JobStore(client, keys))
         self._timer = Periodic(
             "sluice-host-metrics", settings.interval_ms / 1000, self._refresh_host
         )
@@ -99,6 +102,7 @@ class MetricsService:
                     self._redis, self._keys, latencies=self._quantiles is not None
                 )
                 cache = await self._cache_families() if self._cache_size else []
+                jobs = await self.jobs.families()
         except TimeoutError as exc:
             raise redis.exceptions.TimeoutError(
                 f"Redis did not answer within {REDIS_DEADLINE_S:g} s"
@@ -110,7 +114,7 @@ class MetricsService:
             summary_quantiles=self._quantiles,
             cache=bool(self._cache_size),
         )
-        return render([*families, *self.host.families(), *cache])
+        return render([*families, *self.host.families(), *cache, *jobs])
 
     async def _cache_families(self) -> list[Family]:
         """Triton's response cache gauges: utilization and entries (the cache in Redis)."""

@@ -39,6 +39,7 @@ from sluice.broker.outage import OutageLog
 from sluice.broker.redis_server import restart_private_redis
 from sluice.gpu_workers.processes import EXIT_GRACE_S, Spawner, exit_deadline, terminate
 from sluice.supervisor.deployment_lease import DeploymentLease
+from sluice.supervisor.job_workers import JobWorkers
 from sluice.supervisor.model_manager import LoadError, ManagerOptions, ModelManager
 
 logger = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ class ServeOptions:
     gateway_processes: int = 1  # Sluice: gateway processes sharing the ports (SO_REUSEPORT)
     load_timeout_s: float = 300.0
     request_timeout_s: float = 60.0
+    job_workers: int = 1  # Sluice: ``sluice jobs`` processes (async jobs)
     gateway_args: tuple[str, ...] = ()  # --grpc-*, --*-restricted-* flags, passed through
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -124,6 +126,7 @@ class Supervisor:
         self.gateways: list[subprocess.Popen[bytes] | None] = [None] * max(
             1, options.gateway_processes
         )
+        self.job_workers = JobWorkers(self.spawner, options.job_workers, options.log_verbose)
         self._stopping = False
         self._gateways_signalled = False
         #: ends the process if the shutdown outlives the exit timeout (Redis stalled)
@@ -140,8 +143,9 @@ class Supervisor:
 
     def reset_state(self) -> None:
         """Take this key prefix's deployment lease, then forget what an earlier server
-        with this prefix left, except its queues and its live sequences (so that queued
-        requests run and sequences continue, within their idle time, after a restart).
+        with this prefix left, except its queues, its live sequences and its jobs (so that
+        queued requests run, sequences continue within their idle time and accepted jobs go
+        on after a restart).
 
         Raises:
             sluice.supervisor.deployment_lease.DeploymentTaken: another ``sluice serve`` runs
@@ -151,7 +155,8 @@ class Supervisor:
         self.lease.acquire()
         lease = self.keys.deployment().encode()
         for key in self.client.scan_iter(match=f"{self.options.key_prefix}*", count=1000):
-            if key == lease or self.keys.is_sequence(key.decode(errors="replace")):
+            name = key.decode(errors="replace")
+            if key == lease or self.keys.is_sequence(name) or self.keys.is_job(name):
                 continue
             if self.client.type(key) != b"stream" or key == self.keys.control().encode():
                 self.client.delete(key)
@@ -159,9 +164,10 @@ class Supervisor:
         ensure_control_group(self.client, self.keys.control())
 
     def start_gateways(self) -> None:
-        """Start every gateway process (HTTP and gRPC front ends)."""
+        """Start every gateway process (HTTP and gRPC front ends) and job worker."""
         for index in range(len(self.gateways)):
             self._start_gateway(index)
+        self.job_workers.start()
 
     def gateway_argv(self) -> list[str]:
         """The command-line flags every gateway process is started with."""
@@ -245,6 +251,7 @@ class Supervisor:
                     started[index] = time.monotonic()
                     self._start_gateway(index)
             self._restart_dead_instances()
+            self.job_workers.restart_dead()
             if self.options.model_control_mode == "poll" and time.monotonic() >= next_poll:
                 self.manager.poll()
                 next_poll = time.monotonic() + self.options.repository_poll_s
@@ -389,6 +396,7 @@ class Supervisor:
         if self._gateways_signalled:
             return
         self._gateways_signalled = True
+        self.job_workers.signal()  # their running jobs go back on the queue
         for gateway in self.gateways:
             if gateway is not None and gateway.poll() is None:
                 gateway.send_signal(signal.SIGTERM)
@@ -413,7 +421,7 @@ class Supervisor:
 
     def _kill_what_is_left(self) -> None:
         """SIGKILL the gateways, the instances and the private redis-server still running."""
-        processes = [g for g in self.gateways if g is not None]
+        processes = [g for g in self.gateways if g is not None] + self.job_workers.running()
         processes += [i.process for i in list(self.manager.instances()) if i.process]
         if self.private_redis is not None:
             processes.append(self.private_redis)
@@ -443,7 +451,8 @@ class Supervisor:
                 [i.process for i in self.manager.instances() if i.process],
                 self.options.exit_timeout_s,
             )
-        terminate([g for g in self.gateways if g is not None], self.options.exit_timeout_s)
+        gateways = [g for g in self.gateways if g is not None]
+        terminate(gateways + self.job_workers.running(), self.options.exit_timeout_s)
         self.lease.release()
         self.client.close()
         self._shutdown_done.set()

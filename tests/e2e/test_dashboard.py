@@ -90,6 +90,7 @@ def test_dashboard_renders_live_plots(server, tmp_path: Path) -> None:
 
     assert entry["state"] == "READY" and entry["instances_live"] == 2
     assert 'data-model="batch_scale"' in dom and "model-row" in dom
+    assert '<table id="jobs">' in dom  # the jobs panel (its rows: tests/e2e/test_jobs.py)
     series = {}
     # points: throughput and queue depth at every sample, latency where requests finished
     for plot, least in (("plot-throughput", 3), ("plot-latency", 2), ("plot-queue", 3)):

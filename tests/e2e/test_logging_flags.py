@@ -18,7 +18,9 @@ from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.e2e
 
-ISO_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ [IWE] \d+ (gateway|serve|worker \S+) ")
+ISO_LINE = re.compile(
+    r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ [IWE] \d+ (gateway|serve|jobs|worker \S+) "
+)
 
 
 def _fail(client: httpclient.InferenceServerClient, request_id: str) -> None:
@@ -81,6 +83,7 @@ def test_log_flags_reach_gateway_and_workers(redis_url: str, tmp_path: Path) -> 
             "gateway",
             "serve",
             "worker",
+            "jobs",
         }
 
         # uvicorn's lines share the format and the file: an access line per HTTP request

@@ -50,6 +50,15 @@ SLUICE_METRICS = {
     "sluice_queue_pending": ("gauge", {"model", "version"}),
     "sluice_instances_live": ("gauge", {"model", "version"}),
 }
+#: async job metrics: present once the deployment has had a job (a bulk one for rows).
+JOB_METRICS = {
+    "sluice_jobs_submitted": ("counter", {"model", "kind"}),
+    "sluice_jobs_succeeded": ("counter", {"model", "kind"}),
+    "sluice_jobs_pending": ("gauge", {"model"}),
+    "sluice_jobs_running": ("gauge", {"model"}),
+    "sluice_job_rows": ("counter", {"model", "outcome"}),
+    "sluice_job_rows_per_second": ("gauge", {"model"}),
+}
 REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 COUNTERS = (
     "nv_inference_request_success",
@@ -69,8 +78,15 @@ def _has_gpu() -> bool:
 
 
 def test_metric_names_types_and_labels_are_tritons(server) -> None:
+    from jobs_support import JSONL, add_sub_row, jsonl, submit, wait_state
+
+    wait_state(server.base, submit(server.base, "add_sub", jsonl([add_sub_row(1)]), headers=JSONL))
     metrics = scrape(server.metrics_url)
-    expected = {**TRITON_METRICS, **SLUICE_METRICS}
+    expected = {**TRITON_METRICS, **SLUICE_METRICS, **JOB_METRICS}
+    # failed and revoked jobs have series once there are some (other tests make them)
+    for name in ("sluice_jobs_failed", "sluice_jobs_revoked"):
+        if name in metrics.types:
+            expected[name] = ("counter", {"model", "kind"})
     if _has_gpu():
         expected.update(TRITON_GPU_METRICS)
     assert set(metrics.types) == set(expected), metrics.text

@@ -17,21 +17,25 @@ PACKAGES = {
     "sluice.api": ROOT / "api",
     "sluice.broker": ROOT / "broker",
     "sluice.gpu_workers": ROOT / "gpu_workers",
+    "sluice.job_workers": ROOT / "job_workers",
     "sluice.batching": ROOT / "batching",
     "sluice.repository": ROOT / "repository",
 }
 
 #: Which of our packages each package may import (besides itself). The gateway
-#: (``api``) and the model instance (``gpu_workers``) never import each other; the CLI
-#: and the supervisor (``sluice``) sit above both.
+#: (``api``) and the model instance (``gpu_workers``) never import each other; the job
+#: worker (``job_workers``) queues requests through the gateway's handlers, and nothing
+#: of ours imports it but the CLI and the supervisor (``sluice``), which sit above all.
 ALLOWED = {
     "sluice.batching": set(),
     "sluice.repository": set(),
     "sluice.broker": {"sluice.batching", "sluice.repository"},
     "sluice.gpu_workers": {"sluice.broker", "sluice.batching", "sluice.repository"},
     "sluice.api": {"sluice.broker", "sluice.batching", "sluice.repository"},
+    "sluice.job_workers": {"sluice.api", "sluice.broker", "sluice.batching", "sluice.repository"},
     "sluice": {
         "sluice.api",
+        "sluice.job_workers",
         "sluice.broker",
         "sluice.gpu_workers",
         "sluice.batching",

@@ -31,6 +31,7 @@ FOLDERS = (
     "api",
     "broker",
     "gpu_workers",
+    "job_workers",
     "batching",
     "repository",
     "sluice",
