@@ -96,7 +96,7 @@ def test_keda_scales_the_instances_on_their_queue() -> None:
 
 
 def test_the_validation_finds_a_mistake() -> None:
-    name, doc = next((n, d) for n, d in BUILT_IN if d["kind"] == "Deployment")
+    doc = next(d for _, d in BUILT_IN if d["kind"] == "Deployment")
     broken = yaml.safe_load(yaml.safe_dump(doc))
     broken["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["periodSecond"] = 5
     with pytest.raises(kubernetes_validate.ValidationError):
