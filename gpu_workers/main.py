@@ -14,6 +14,7 @@ import functools
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -57,7 +58,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="sluice worker", description=__doc__)
     parser.add_argument("--model", required=True, help="model name")
     parser.add_argument("--version", required=True, type=int, help="model version")
-    parser.add_argument("--instance", required=True, help="instance name, unique per version")
+    parser.add_argument(
+        "--instance",
+        default=None,
+        help="instance name, unique per version (default: this host's name, unique per "
+        "container or pod)",
+    )
     parser.add_argument("--kind", default="CPU", choices=["CPU", "GPU", "MODEL"])
     parser.add_argument("--device-id", type=int, default=0)
     parser.add_argument(
@@ -95,7 +101,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="an instance whose heartbeat is older is taken for dead and its "
         "pending requests are claimed by a live one",
     )
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--config-wait-secs",
+        type=float,
+        default=300.0,
+        help="how long to wait for the model's config to be published (a worker started "
+        "apart, before 'sluice serve' loaded the model)",
+    )
+    args = parser.parse_args(argv)
+    if not args.instance:
+        args.instance = socket.gethostname()
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise RuntimeError(f"no config at {args.config_key}")
             config_json = raw.decode()
         else:
-            config_json = store.get(args.model).config_json
+            config_json = _published_config(store, args.model, args.config_wait_secs)
         config = json_format.Parse(config_json, ModelConfig())
         ctx = InstanceContext(
             model_name=args.model,
@@ -267,6 +283,29 @@ def _sequence_assembly(
         client, keys, args.model, args.version, spec, config.max_batch_size,
         initial_states(spec), frozenset(t.name for t in config.output),
     )  # fmt: skip
+
+
+#: how often a worker started apart looks for its model's config, in s.
+CONFIG_POLL_S = 0.5
+
+
+def _published_config(store: ModelStore, model: str, wait_s: float) -> str:
+    """The model's published config, waited for up to ``wait_s`` (a worker started apart,
+    in a container, may come up before ``sluice serve`` has loaded the model).
+
+    Raises:
+        RuntimeError: not published within ``wait_s``.
+    """
+    deadline = time.monotonic() + wait_s
+    config_json = store.get(model).config_json
+    if not config_json:
+        logger.info("waiting for model '%s' to be published", model)
+    while not config_json:
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"model '{model}' was not published within {wait_s:.0f} s")
+        time.sleep(CONFIG_POLL_S)
+        config_json = store.get(model).config_json
+    return config_json
 
 
 #: how often a READY instance looks for its load's publication, in s.

@@ -103,6 +103,21 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="job worker processes for the async job API (0: none; see 'sluice jobs')",
     )
     p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument(
+        "--start-gateway",
+        type=parse_bool,
+        default=True,
+        help="start the gateway process(es); false: 'sluice gateway' processes started "
+        "apart (containers) serve the front ends",
+    )
+    p.add_argument(
+        "--start-instances",
+        type=parse_bool,
+        default=True,
+        help="start one process per model instance; false: the models are published and "
+        "'sluice worker' processes started apart (containers) serve them "
+        "(--model-control-mode=none only)",
+    )
     add_frontend_arguments(p)
     add_inert_arguments(p)
 
@@ -146,6 +161,10 @@ def serve(args: argparse.Namespace) -> int:
     if args.load_model and args.model_control_mode != "explicit":
         logger.error("--load-model needs --model-control-mode=explicit")
         return 2
+    if not args.start_instances and args.model_control_mode != "none":
+        # a load or reload would publish a config that workers started apart never read
+        logger.error("--start-instances=false needs --model-control-mode=none")
+        return 2
     try:
         redis_url, redis_process = _resolve_redis(args.redis_url)
     except RuntimeError as exc:
@@ -162,7 +181,8 @@ def serve(args: argparse.Namespace) -> int:
         model_control_mode=args.model_control_mode,
         load_models=tuple(args.load_model),
         repository_poll_s=args.repository_poll_secs,
-        gateway_processes=args.gateway_processes,
+        gateway_processes=args.gateway_processes if args.start_gateway else 0,
+        start_instances=args.start_instances,
         exit_on_error=args.exit_on_error,
         strict_readiness=args.strict_readiness,
         strict_model_config=strict,
@@ -177,7 +197,7 @@ def serve(args: argparse.Namespace) -> int:
     try:
         supervisor = Supervisor(options)
         supervisor.private_redis = redis_process  # type: ignore[assignment]
-        problem = check_gateway_start(supervisor.gateway_argv())
+        problem = check_gateway_start(supervisor.gateway_argv()) if args.start_gateway else None
         if problem is None:
             supervisor.reset_state()
     except DeploymentTaken as exc:
@@ -213,6 +233,9 @@ def serve(args: argparse.Namespace) -> int:
                 "exiting: %d model(s) failed to load (--exit-on-error=true)", len(failures)
             )
             code = 1
+        elif not args.start_gateway:
+            logger.info("serving the models to gateways started apart")
+            supervisor.watch()
         else:
             logger.info("serving on http://%s:%d", options.http_address, options.http_port)
             if args.allow_grpc is not False:

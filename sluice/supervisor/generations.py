@@ -85,6 +85,9 @@ class Generations:
         load_timeout_s: longest wait for a version's instances to be READY.
         drain_timeout_s: longest drain of a retired version's streams, and longest
             wait for its instances to exit (``--exit-timeout-secs``).
+        start_instances: False: start no instance process (``sluice serve
+            --start-instances=false``): a version is published READY at once and served
+            by ``sluice worker`` processes started apart (containers).
     """
 
     def __init__(
@@ -95,6 +98,7 @@ class Generations:
         spawner: Spawner,
         load_timeout_s: float,
         drain_timeout_s: float,
+        start_instances: bool = True,
     ) -> None:
         self._redis = client
         self._keys = keys
@@ -102,6 +106,7 @@ class Generations:
         self._spawner = spawner
         self._load_timeout_s = load_timeout_s
         self._drain_timeout_s = drain_timeout_s
+        self._start_instances = start_instances
 
     def ensure_groups(self, name: str, version: int, config: ModelConfig) -> None:
         """Create the consumer group (and stream) of every priority level of a version."""
@@ -110,7 +115,10 @@ class Generations:
             ensure_group(self._redis, stream)
 
     def start_version(self, model: LoadedModel, version: int, config_key: str) -> list[Instance]:
-        """Start the instances of ``version`` that the config's instance groups ask for."""
+        """Start the instances of ``version`` that the config's instance groups ask for
+        (none with ``start_instances`` False)."""
+        if not self._start_instances:
+            return []
         suffix = generation_suffix(model.generation)
         instances: list[Instance] = []
         for group in model.config.instance_group:

@@ -78,6 +78,7 @@ class ManagerOptions:
     model_config_name: str | None = None  # --model-config-name
     load_timeout_s: float = 300.0
     drain_timeout_s: float = 30.0  # --exit-timeout-secs
+    start_instances: bool = True  # False: no instance processes (`sluice worker`s apart)
 
 
 class ModelManager:
@@ -98,8 +99,9 @@ class ModelManager:
         self._keys = keys
         self._store = ModelStore(client, keys)
         self._generations = Generations(
-            client, keys, self._store, spawner, options.load_timeout_s, options.drain_timeout_s
-        )
+            client, keys, self._store, spawner, options.load_timeout_s, options.drain_timeout_s,
+            options.start_instances,
+        )  # fmt: skip
         self.loaded: dict[str, LoadedModel] = {}
         self._failed: dict[str, str] = {}  # name -> fingerprint of the files that failed
         self._ensembles = EnsembleLoads(self.loaded)
@@ -326,12 +328,9 @@ class ModelManager:
                 version,
                 VersionState(ModelState.READY, load_s=model.load_s, load_id=model.load_id),
             )
-            logger.info(
-                "model '%s' version %d is READY (%d instances)",
-                model.name,
-                version,
-                len(model.versions[version]),
-            )
+            count = len(model.versions[version])
+            how = f"{count} instances" if self.options.start_instances else "instances apart"
+            logger.info("model '%s' version %d is READY (%s)", model.name, version, how)
         self.loaded[model.name] = model
         self._failed.pop(model.name, None)
         if previous is not None:

@@ -79,6 +79,7 @@ class ServeOptions:
     log_verbose: int = 0  # --log-verbose
     exit_timeout_s: float = 30.0  # --exit-timeout-secs
     gateway_processes: int = 1  # Sluice: gateway processes sharing the ports (SO_REUSEPORT)
+    start_instances: bool = True  # Sluice: False when `sluice worker`s started apart serve
     load_timeout_s: float = 300.0
     request_timeout_s: float = 60.0
     job_workers: int = 1  # Sluice: ``sluice jobs`` processes (async jobs)
@@ -118,14 +119,14 @@ class Supervisor:
                 model_config_name=options.model_config_name,
                 load_timeout_s=options.load_timeout_s,
                 drain_timeout_s=options.exit_timeout_s,
+                start_instances=options.start_instances,
             ),
             self.client,
             self.keys,
             self.spawner,
         )
-        self.gateways: list[subprocess.Popen[bytes] | None] = [None] * max(
-            1, options.gateway_processes
-        )
+        #: none with --start-gateway=false (gateway_processes 0)
+        self.gateways: list[subprocess.Popen[bytes] | None] = [None] * options.gateway_processes
         self.job_workers = JobWorkers(self.spawner, options.job_workers, options.log_verbose)
         self._stopping = False
         self._gateways_signalled = False
