@@ -26,6 +26,7 @@ from google.protobuf import json_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 from sluice.broker.consumer import StreamConsumer
+from sluice.broker.deadline import exit_deadline
 from sluice.broker.keys import KeySchema
 from sluice.broker.logs import LogOptions, configure_logging
 from sluice.broker.model_store import ModelStore
@@ -40,12 +41,7 @@ from sluice.gpu_workers.backends.registry import backend_class
 from sluice.gpu_workers.classification import read_labels
 from sluice.gpu_workers.liveness import Liveness
 from sluice.gpu_workers.loop import DRAIN_LIMIT_NS, InstanceLoop
-from sluice.gpu_workers.processes import (
-    EXIT_GRACE_S,
-    HAND_OVER_SIGNAL,
-    exit_deadline,
-    triton_instance_name,
-)
+from sluice.gpu_workers.processes import EXIT_GRACE_S, HAND_OVER_SIGNAL, triton_instance_name
 from sluice.gpu_workers.pulse import Pulse
 from sluice.gpu_workers.sequence_assembly import SequenceAssembly, initial_states
 from sluice.gpu_workers.warmup import run_warmup

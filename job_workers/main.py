@@ -18,6 +18,7 @@ import socket
 import sys
 import warnings
 
+from sluice.broker.deadline import exit_deadline
 from sluice.broker.logs import LogOptions, configure_logging
 from sluice.job_workers.settings import JobWorkerSettings
 
@@ -69,6 +70,10 @@ def settings_from_args(args: argparse.Namespace) -> JobWorkerSettings:
     return settings.model_copy(update=update)
 
 
+#: longest a stopping job worker waits for its running tasks and Redis, in s.
+STOP_LIMIT_S = 5.0
+
+
 def run_job_worker(settings: JobWorkerSettings) -> int:
     """Serve jobs until SIGTERM/SIGINT; returns the exit code."""
     from celery import signals
@@ -93,6 +98,13 @@ def run_job_worker(settings: JobWorkerSettings) -> int:
 
     def stopping(**_: object) -> None:
         runner.stopping.set()
+        # a stop must not wait on a Redis that answers nothing (its parent killed while
+        # Redis is stalled): the process ends itself; the jobs it held are delivered
+        # again (acks_late, task_reject_on_worker_lost)
+        exit_deadline(
+            STOP_LIMIT_S, f"job worker still stopping {STOP_LIMIT_S:.0f} s after the signal "
+            "(Redis not answering?): exiting",
+        )  # fmt: skip
 
     signals.worker_shutting_down.connect(stopping, weak=False)
     # Sluice's logging stays as configured (broker.logs: Celery's and kombu's own info and

@@ -29,7 +29,8 @@ from sluice.api.gateway_args import (
     parse_bool,
     settings_from_args,
 )
-from sluice.gpu_workers.processes import EXIT_GRACE_S, exit_deadline
+from sluice.broker.deadline import exit_deadline
+from sluice.gpu_workers.processes import EXIT_GRACE_S
 from sluice.inert_flags import add_inert_arguments, warn_inert_flags
 from sluice.repository.errors import RepositoryError
 from sluice.supervisor.deployment_lease import DeploymentTaken

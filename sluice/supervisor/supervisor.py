@@ -31,13 +31,14 @@ from sluice.broker.control import (
     ensure_control_group,
     read_commands,
 )
+from sluice.broker.deadline import exit_deadline
 from sluice.broker.errors import ErrorCode, SluiceError, stream_gone
 from sluice.broker.keys import KeySchema
 from sluice.broker.messages import ErrorInfo
 from sluice.broker.model_store import ModelStore
 from sluice.broker.outage import OutageLog
 from sluice.broker.redis_server import restart_private_redis
-from sluice.gpu_workers.processes import EXIT_GRACE_S, Spawner, exit_deadline, terminate
+from sluice.gpu_workers.processes import EXIT_GRACE_S, Spawner, terminate
 from sluice.supervisor.deployment_lease import DeploymentLease
 from sluice.supervisor.job_workers import JobWorkers
 from sluice.supervisor.model_manager import LoadError, ManagerOptions, ModelManager
