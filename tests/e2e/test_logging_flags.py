@@ -77,6 +77,8 @@ def test_log_flags_reach_gateway_and_workers(redis_url: str, tmp_path: Path) -> 
         # the worker's lines carry the same request id (and the client's)
         worker = _lines(log_file, sluice_id)
         assert any(" worker raiser_" in w and "req-fail-1" in w for w in worker), worker
+        # the job worker logs once Celery has started, which may come later on a busy machine
+        assert _lines(log_file, " jobs sluice.job_workers", timeout_s=60)
         text = log_file.read_text().splitlines()
         assert text and all(ISO_LINE.match(t) for t in text if t[:2] == "20"), text[:5]
         assert {m.group(1).split()[0] for t in text if (m := ISO_LINE.match(t))} >= {
