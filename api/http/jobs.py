@@ -20,7 +20,7 @@ from starlette.responses import Response, StreamingResponse
 
 from sluice.api.errors import http_status
 from sluice.api.handlers.jobs import Jobs, JobView
-from sluice.api.http.body import compress, negotiate_encoding
+from sluice.api.http.body import compress, decompress, negotiate_encoding
 from sluice.api.http.infer import parse_body
 from sluice.api.http.infer_response import encode_infer_response
 from sluice.api.http.routes import dataplane, json_response
@@ -144,7 +144,9 @@ async def _submit(request: Request, model: str, version: int | None) -> Response
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     headers = dict(request.scope["headers"])
     if content_type in JSONL_TYPES:
-        record = await jobs.submit_bulk(view, version, raw, ttl_s)
+        # a gzip or deflate body is undone as for infer (within the same size limit)
+        body = decompress(raw, request.headers.get("content-encoding"), limit)
+        record = await jobs.submit_bulk(view, version, body, ttl_s)
     elif b"inference-header-content-length" not in headers and (
         input_file := bulk_input_file(raw, content_type)
     ):
