@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from google.protobuf import json_format
@@ -126,7 +126,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     # -- inference ----------------------------------------------------------------------
 
     async def _infer(
-        self, request: service_pb2.ModelInferRequest
+        self,
+        request: service_pb2.ModelInferRequest,
+        on_queued: Callable[[], None] | None = None,
     ) -> service_pb2.ModelInferResponse:
         model = request.model_name
         version = parse_version(request.model_version, model)
@@ -145,7 +147,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         parsed = parse_infer_request(request)
         result = await self._dp.submission.infer(
             model, version, parsed.client_id, parsed.inputs, parsed.outputs, parsed.parameters,
-            waited_ns,
+            waited_ns, on_queued,
         )  # fmt: skip
         REDIS_OUTAGE.ok()  # an answer came through Redis: an outage logged is over
         return encode_infer_response(

@@ -10,6 +10,11 @@ in-band (``error_message``) and the stream stays open. Closing the stream cancel
 is in flight: queued requests are taken off their queues and decoupled models see
 ``is_cancelled()``.
 
+Steps of one sequence (the same model and ``sequence_id``) reach the sequence batcher in
+the order they arrived on the stream, as Triton's stream handler enqueues them: a step is
+queued only after the one before it was, whatever each waited for on its way (a model
+view read from Redis, say).
+
 At most :data:`STREAM_WINDOW` requests of a stream are in flight and as many responses
 wait for the client: a client that reads slowly slows its producers down instead of
 making the gateway hold its responses.
@@ -40,6 +45,25 @@ _DONE: Any = object()
 _EXITING: Any = object()
 
 Answer = service_pb2.ModelStreamInferResponse
+Unary = Callable[
+    [service_pb2.ModelInferRequest, Callable[[], None]], Awaitable[service_pb2.ModelInferResponse]
+]
+
+
+def _sequence_of(request: service_pb2.ModelInferRequest) -> tuple[str, object] | None:
+    """The model and correlation id of a sequence step; None for other requests."""
+    if "sequence_id" not in request.parameters:
+        return None
+    parameter = request.parameters["sequence_id"]
+    kind = parameter.WhichOneof("parameter_choice")
+    if kind is None:
+        return None
+    return request.model_name, getattr(parameter, kind)
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _error(request: service_pb2.ModelInferRequest, exc: BaseException) -> Answer:
@@ -57,6 +81,7 @@ async def _decoupled(
     resolved: int,
     waited_ns: int,
     put: Callable[[Answer], Awaitable[None]],
+    on_queued: Callable[[], None],
 ) -> None:
     """Relay the responses of one request to a decoupled model as they arrive.
 
@@ -73,6 +98,7 @@ async def _decoupled(
         submission.next_request_id(), view, resolved, parsed.client_id, parsed.inputs,
         parsed.outputs, parsed.parameters, waited_ns,
     )  # fmt: skip
+    on_queued()
     try:
         async for message in responses:
             if message.error is not None:
@@ -99,15 +125,14 @@ async def _decoupled(
 def _follow(mine: asyncio.Future[None], before: asyncio.Future[None] | None) -> None:
     """Resolve ``mine`` when ``before`` is (at once without one)."""
     if before is None or before.done():
-        if not mine.done():
-            mine.set_result(None)
+        _settle(mine)
         return
-    before.add_done_callback(lambda _: None if mine.done() else mine.set_result(None))
+    before.add_done_callback(lambda _: _settle(mine))
 
 
 async def stream_infer(
     submission: Submission,
-    unary: Callable[[service_pb2.ModelInferRequest], Awaitable[service_pb2.ModelInferResponse]],
+    unary: Unary,
     request_iterator: AsyncIterator[service_pb2.ModelInferRequest],
     context: grpc.aio.ServicerContext,
     on_shutdown: Callable[[Callable[[], None]], Callable[[], None]],
@@ -116,7 +141,8 @@ async def stream_infer(
 
     Args:
         submission: the gateway's submission handler.
-        unary: runs one request to a non-decoupled model (the ``ModelInfer`` path).
+        unary: runs one request to a non-decoupled model (the ``ModelInfer`` path); its
+            second argument is called once the request is queued.
         request_iterator: the client's requests.
         context: the call's context (its status is set when the server exits).
         on_shutdown: registers a callback for the gateway's exit; returns its withdrawal.
@@ -130,12 +156,17 @@ async def stream_infer(
     exiting: list[bool] = []
     # the previous non-decoupled request's turn to write: their answers keep request order
     turn: list[asyncio.Future[None]] = []
+    # each live sequence's last step: resolved once it is queued (or failed before)
+    steps: dict[tuple[str, object], asyncio.Future[None]] = {}
 
     async def run(request: service_pb2.ModelInferRequest, mine: asyncio.Future[None],
-                  before: asyncio.Future[None] | None) -> None:  # fmt: skip
+                  before: asyncio.Future[None] | None, queued: asyncio.Future[None],
+                  step_before: asyncio.Future[None] | None) -> None:  # fmt: skip
         try:
             decoupled = False
             try:
+                if step_before is not None and not step_before.done():
+                    await step_before
                 model = request.model_name
                 started_ns = time.monotonic_ns()
                 view, resolved = await submission.resolve_for_infer(
@@ -147,9 +178,12 @@ async def stream_infer(
                     # the ordered ones before this one
                     _follow(mine, before)
                     waited_ns = time.monotonic_ns() - started_ns
-                    await _decoupled(submission, request, view, resolved, waited_ns, out.put)
+                    await _decoupled(
+                        submission, request, view, resolved, waited_ns, out.put,
+                        lambda: _settle(queued),
+                    )  # fmt: skip
                     return
-                response = await unary(request)
+                response = await unary(request, lambda: _settle(queued))
                 response.parameters["triton_final_response"].bool_param = True
                 answer = Answer(infer_response=response)
             except asyncio.CancelledError:
@@ -160,6 +194,7 @@ async def stream_infer(
                 await before
             await out.put(answer)
         finally:
+            _settle(queued)
             if not decoupled:
                 _follow(mine, None)
             slots.release()
@@ -168,8 +203,21 @@ async def stream_infer(
         try:
             async for request in request_iterator:
                 await slots.acquire()
-                mine = asyncio.get_running_loop().create_future()
-                task = asyncio.create_task(run(request, mine, turn[-1] if turn else None))
+                loop = asyncio.get_running_loop()
+                mine, queued = loop.create_future(), loop.create_future()
+                sequence = _sequence_of(request)
+                step_before = None
+                if sequence is not None:
+                    step_before = steps.get(sequence)
+                    steps[sequence] = queued
+                    queued.add_done_callback(
+                        lambda done, key=sequence: (
+                            steps.pop(key, None) if steps.get(key) is done else None
+                        )
+                    )
+                task = asyncio.create_task(
+                    run(request, mine, turn[-1] if turn else None, queued, step_before)
+                )
                 turn[:] = [mine]
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)

@@ -15,7 +15,7 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,13 +95,16 @@ class Submission:
         outputs: Sequence[RequestedOutput],
         parameters: dict[str, ParameterValue],
         waited_ns: int = 0,
+        on_queued: Callable[[], None] | None = None,
     ) -> InferResult:
         """Validate, queue and await one inference request.
 
         A failed request is logged once, with Sluice's request id (the id worker log
         lines carry), the client's id and the reason. ``waited_ns``: how long the caller
         already waited for the model's view, in ns (taken off the request timeout, with
-        this call's own wait for it).
+        this call's own wait for it). ``on_queued`` is called once the request has been
+        handed to the queue (before its answer is awaited), so that a caller can keep
+        the steps of one sequence in the order they arrived.
 
         Raises:
             SluiceError: UNAVAILABLE once the gateway began shutting down,
@@ -114,10 +117,13 @@ class Submission:
             started_ns = time.monotonic_ns()
             view, resolved = await self.resolve_for_infer(model, version)
             waited_ns += time.monotonic_ns() - started_ns
-            response = await self.submit(
+            pending = self.submit(
                 request_id, view, resolved, client_id, inputs, outputs, parameters,
                 waited_ns=waited_ns,
             )  # fmt: skip
+            if on_queued is not None:
+                on_queued()
+            response = await pending
             return self.result(view.name, client_id, response)
         except SluiceError as exc:
             self.log_failure(request_id, client_id, model, version, exc)
