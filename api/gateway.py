@@ -32,6 +32,7 @@ from sluice.api.settings import GatewaySettings
 from sluice.broker.errors import ErrorCode, SluiceError
 from sluice.broker.keys import KeySchema
 from sluice.broker.logs import configure_logging
+from sluice.broker.redis_access import exit_if_refused
 
 if TYPE_CHECKING:
     from sluice.api.grpc.server import GrpcFrontEnd
@@ -178,7 +179,11 @@ async def serve_gateway(settings: GatewaySettings) -> None:
         host=settings.http.address,
         port=settings.http.port,
         loop="none",
-        http=functools.partial(HttpProtocol, read_timeout_s=settings.http.read_timeout_s),
+        http=functools.partial(
+            HttpProtocol,
+            read_timeout_s=settings.http.read_timeout_s,
+            max_body_bytes=settings.http.max_body_bytes,
+        ),
         lifespan="off",
         access_log=settings.log_verbose > 0,
         proxy_headers=False,
@@ -316,6 +321,7 @@ async def _release_unanswerable(dataplane: DataPlane) -> None:
 def run_gateway(settings: GatewaySettings) -> None:
     """Run :func:`serve_gateway` on uvloop."""
     configure_logging("gateway", settings.log_options())
+    exit_if_refused(settings.redis.url, logger)
     uvloop.run(serve_gateway(settings))
 
 

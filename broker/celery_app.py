@@ -14,7 +14,10 @@ other's tasks. What the options are for:
   worker's task runs again within that timeout and a second;
 * ``worker_prefetch_multiplier`` 1: a worker holds no more messages than it runs;
 * events on (``worker_send_task_events``, ``task_send_sent_event``), so Flower shows the
-  jobs; ``task_track_started`` records STARTED in the result backend.
+  jobs; ``task_track_started`` records STARTED in the result backend;
+* ``broker_use_ssl`` / ``redis_backend_use_ssl`` for a ``rediss://`` URL: the TLS files
+  its query names (``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``, as redis-py reads
+  them) and ``ssl_cert_reqs`` (default ``required``: the server's certificate is checked).
 
 Celery docs: https://docs.celeryq.dev/en/stable/userguide/configuration.html and
 https://docs.celeryq.dev/en/stable/getting-started/backends-and-brokers/redis.html.
@@ -22,13 +25,15 @@ https://docs.celeryq.dev/en/stable/getting-started/backends-and-brokers/redis.ht
 
 from __future__ import annotations
 
-from urllib.parse import parse_qs, urlsplit
+import ssl
+from typing import Any
+from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit
 
 from celery import Celery
 
 from sluice.broker.keys import KeySchema
 
-__all__ = ["JOB_QUEUE", "RUN_JOB", "celery_url", "job_app"]
+__all__ = ["JOB_QUEUE", "RUN_JOB", "TLS_QUERY_KEYS", "celery_tls", "celery_url", "job_app"]
 
 #: the task that runs one job; its one argument is the job id.
 RUN_JOB = "sluice.jobs.run"
@@ -45,6 +50,33 @@ def celery_url(redis_url: str) -> str:
         return redis_url
     db = parse_qs(parts.query).get("db", ["0"])[0]
     return f"redis+socket://{parts.path}?virtual_host={db}"
+
+
+#: query parameters of a ``rediss://`` URL that are TLS options (redis-py's names).
+TLS_QUERY_KEYS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+_CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
+
+
+def celery_tls(redis_url: str) -> tuple[str, dict[str, Any] | None]:
+    """The URL without its TLS query parameters and Celery's ``broker_use_ssl`` /
+    ``redis_backend_use_ssl`` dict for them; ``(redis_url, None)`` unless it is
+    ``rediss://``.
+
+    Raises:
+        ValueError: ``ssl_cert_reqs`` is not ``none``, ``optional`` or ``required``
+            (``CERT_`` prefix and case ignored).
+    """
+    parts = urlsplit(redis_url)
+    if parts.scheme != "rediss":
+        return redis_url, None
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    options: dict[str, Any] = {k: v for k, v in query if k in TLS_QUERY_KEYS}
+    reqs = str(options.get("ssl_cert_reqs", "required")).lower().removeprefix("cert_")
+    if reqs not in _CERT_REQS:
+        raise ValueError(f"ssl_cert_reqs must be none, optional or required, got '{reqs}'")
+    options["ssl_cert_reqs"] = _CERT_REQS[reqs]
+    rest = urlencode([(k, v) for k, v in query if k not in TLS_QUERY_KEYS])
+    return parts._replace(query=rest).geturl(), options
 
 
 def job_app(
@@ -66,9 +98,11 @@ def job_app(
         results: use the Redis result backend; a gateway, which only sends tasks, goes
             without (sending a task would subscribe it to the task's result).
     """
-    url = celery_url(redis_url)
+    url, tls = celery_tls(celery_url(redis_url))
     prefix = {"global_keyprefix": keys.celery_prefix()}
     app = Celery("sluice", broker=url, backend=url if results else None, set_as_current=False)
+    if tls is not None:
+        app.conf.update(broker_use_ssl=tls, redis_backend_use_ssl=tls)
     app.conf.update(
         broker_transport_options={
             **prefix,

@@ -30,6 +30,7 @@ from sluice.broker.deadline import exit_deadline
 from sluice.broker.keys import KeySchema
 from sluice.broker.logs import LogOptions, configure_logging
 from sluice.broker.model_store import ModelStore
+from sluice.broker.redis_access import exit_if_refused
 from sluice.broker.request_checks import RequestRules
 from sluice.broker.scheduling import ShapeKeys, StreamLayout, scheduling_policy
 from sluice.broker.settings import RedisSettings
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one model instance; returns the process exit code."""
     args = parse_args(argv)
     configure_logging(f"worker {args.instance}", LogOptions.from_env(verbose=args.log_verbose))
+    exit_if_refused(args.redis_url, logger)
     keys = KeySchema(args.key_prefix)
     client = redis.Redis.from_url(
         args.redis_url, protocol=2, socket_timeout=30, health_check_interval=10

@@ -20,6 +20,7 @@ import warnings
 
 from sluice.broker.deadline import exit_deadline
 from sluice.broker.logs import LogOptions, configure_logging
+from sluice.broker.redis_access import exit_if_refused
 from sluice.job_workers.settings import JobWorkerSettings
 
 __all__ = ["add_job_arguments", "main", "settings_from_args"]
@@ -157,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     add_job_arguments(parser)
     settings = settings_from_args(parser.parse_args(argv))
     configure_logging("jobs", LogOptions.from_env(verbose=settings.log_verbose))
+    exit_if_refused(settings.redis.url, logger)
     return run_job_worker(settings)
 
 

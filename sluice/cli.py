@@ -125,10 +125,12 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def _resolve_redis(url: str | None) -> tuple[str, object | None]:
     """The Redis URL to use, starting a private redis-server when none was named or answers."""
+    from sluice.broker.redis_access import check_redis_access
     from sluice.broker.redis_server import redis_answers, start_private_redis
 
     explicit = url or os.environ.get("SLUICE_REDIS_URL") or os.environ.get("SLUICE_REDIS__URL")
     if explicit:
+        check_redis_access(explicit)  # a refused login: one line (RuntimeError), exit 1
         return explicit, None
     if redis_answers(DEFAULT_REDIS_URL):
         return DEFAULT_REDIS_URL, None

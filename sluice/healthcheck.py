@@ -47,13 +47,14 @@ def check_control(redis_url: str, key_prefix: str) -> str | None:
     import redis
 
     from sluice.broker.keys import KeySchema
+    from sluice.broker.redis_server import redacted
 
     keys = KeySchema(key_prefix)
     try:
         with redis.Redis.from_url(redis_url, socket_timeout=CHECK_TIMEOUT_S) as client:
             startup = client.hget(keys.server(), "startup")
     except redis.exceptions.RedisError as exc:
-        return f"Redis at {redis_url}: {exc}"
+        return f"Redis at {redacted(redis_url)}: {exc}"
     if startup != b"done":
         state = startup.decode() if startup else "no server record"
         return f"sluice serve has not finished loading ({state})"
@@ -68,13 +69,14 @@ def check_instance(
 
     from sluice.broker.keys import KeySchema
     from sluice.broker.model_store import count_live
+    from sluice.broker.redis_server import redacted
 
     keys = KeySchema(key_prefix)
     try:
         with redis.Redis.from_url(redis_url, socket_timeout=CHECK_TIMEOUT_S) as client:
             raw = client.hget(keys.instances(model, version), instance)
     except redis.exceptions.RedisError as exc:
-        return f"Redis at {redis_url}: {exc}"
+        return f"Redis at {redacted(redis_url)}: {exc}"
     if raw is None:
         return f"no instance '{instance}' of model '{model}' version {version}"
     states, live = count_live({instance.encode(): raw}, time.time_ns())

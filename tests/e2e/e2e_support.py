@@ -279,12 +279,14 @@ def start_server(
     metrics_port: int | None = None,
     key_prefix: str | None = None,
     new_session: bool = False,
+    url_in_env: bool = False,
 ) -> Server:
     """Start ``sluice serve`` on free ports and wait (bounded) until it is ready.
 
     ``metrics_port`` None picks a free port for the metrics endpoint too; ``key_prefix``
     None gives the server a prefix of its own; ``new_session``: in a process group of its
-    own (whose id is its pid), as a terminal starts it, so a test can Ctrl-C the group.
+    own (whose id is its pid), as a terminal starts it, so a test can Ctrl-C the group;
+    ``url_in_env``: the Redis URL goes in ``SLUICE_REDIS__URL``, not on the command line.
     """
     port = free_port()
     grpc_port = free_port()
@@ -297,6 +299,8 @@ def start_server(
     prefix = key_prefix or f"sluice-e2e-{uuid.uuid4().hex[:8]}:"
     full_env = dict(os.environ)
     full_env.update(env or {})
+    if url_in_env:
+        full_env["SLUICE_REDIS__URL"] = redis_url
     log = log_path.open("wb")
     process = subprocess.Popen(
         [
@@ -316,8 +320,7 @@ def start_server(
             "127.0.0.1",
             "--metrics-port",
             str(metrics_port),
-            "--redis-url",
-            redis_url,
+            *([] if url_in_env else ["--redis-url", redis_url]),
             "--key-prefix",
             prefix,
             "--exit-timeout-secs",
