@@ -49,6 +49,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.ALREADY_EXISTS: 400,
     ErrorCode.CANCELLED: 400,
     ErrorCode.UNKNOWN: 400,
+    ErrorCode.TOO_LARGE: 413,
 }
 
 GRPC_STATUS: dict[ErrorCode, grpc.StatusCode] = {
@@ -60,6 +61,7 @@ GRPC_STATUS: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
     ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
     ErrorCode.UNKNOWN: grpc.StatusCode.UNKNOWN,
+    ErrorCode.TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 

@@ -137,6 +137,12 @@ _GRPC_FLAGS = (
         "none, low, medium or high (gzip)",
     ),
     _Flag("--grpc-infer-allocation-pool-size", None, int, "accepted and ignored"),
+    _Flag(
+        "--grpc-max-input-size",
+        "max_input_bytes",
+        int,
+        "largest gRPC request message, bytes (2147483647); larger: RESOURCE_EXHAUSTED",
+    ),
 )
 _HTTP_FLAGS = (
     _Flag(
@@ -144,6 +150,13 @@ _HTTP_FLAGS = (
         "read_timeout_s",
         float,
         "longest wait for the rest of a begun request, or a connection's first bytes, s (60)",
+        "http",
+    ),
+    _Flag(
+        "--http-max-input-size",
+        "max_body_bytes",
+        int,
+        "largest HTTP request body, bytes, also after decompression (268435456); larger: 413",
         "http",
     ),
 )

@@ -26,7 +26,9 @@ class HttpSettings(BaseModel):
     port: int = Field(default=8000, ge=0, le=65535)
     """Triton ``--http-port``."""
     max_body_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
-    """Largest accepted request body, in bytes; a larger one is refused with 400."""
+    """Triton ``--http-max-input-size``: largest accepted request body, in bytes, also
+    after decompression; a larger one is refused with 413, before its body is read when
+    its ``Content-Length`` says so."""
     read_timeout_s: float = Field(default=60.0, gt=0)
     """Sluice ``--http-read-timeout-secs``: longest wait for the next bytes of a request
     whose head or body has begun (then 408 and close), or for a new connection's first
@@ -72,6 +74,10 @@ class GrpcSettings(BaseModel):
     """Triton ``--grpc-infer-response-compression-level`` (any level but ``none`` = gzip)."""
     restricted_protocols: list[str] = Field(default_factory=list)
     """Triton ``--grpc-restricted-protocol``: ``<api-group>[,…]:<header>=<value>`` each."""
+    max_input_bytes: int = Field(default=2**31 - 1, gt=0, le=2**31 - 1)
+    """Sluice ``--grpc-max-input-size``: largest gRPC request message, in bytes
+    (``grpc.max_receive_message_length``; Triton's is INT32_MAX, the default); a larger
+    one is refused by gRPC itself with RESOURCE_EXHAUSTED."""
 
 
 class MetricsSettings(BaseModel):

@@ -14,7 +14,9 @@ import redis.exceptions
 
 
 class ErrorCode(StrEnum):
-    """Triton's error kinds (``TRITONSERVER_Error_Code``), by name."""
+    """Triton's error kinds (``TRITONSERVER_Error_Code``), by name, and Sluice's
+    ``TOO_LARGE`` (a request past a size limit: HTTP 413, gRPC RESOURCE_EXHAUSTED, the
+    statuses HTTP and gRPC servers use for it)."""
 
     UNKNOWN = "UNKNOWN"
     INTERNAL = "INTERNAL"
@@ -24,6 +26,7 @@ class ErrorCode(StrEnum):
     UNSUPPORTED = "UNSUPPORTED"
     ALREADY_EXISTS = "ALREADY_EXISTS"
     CANCELLED = "CANCELLED"
+    TOO_LARGE = "TOO_LARGE"
 
 
 #: the answer to a request whose queue timeout or deadline passed (Triton's text).
@@ -91,6 +94,17 @@ def invalid_arg(
 ) -> SluiceError:
     """Shorthand for an INVALID_ARG error (HTTP 400, gRPC INVALID_ARGUMENT)."""
     return SluiceError(ErrorCode.INVALID_ARG, message, model=model, tensor=tensor)
+
+
+def too_large(size: int | None, limit: int, what: str = "request body") -> SluiceError:
+    """A TOO_LARGE error (HTTP 413) for a ``what`` of ``size`` bytes (None: not known
+    yet, the bytes read so far passed it) past ``limit`` bytes; the text names the limit
+    and the flag that sets it."""
+    of = "" if size is None else f" of {size} bytes"
+    return SluiceError(
+        ErrorCode.TOO_LARGE,
+        f"{what}{of} exceeds the limit of {limit} bytes (--http-max-input-size)",
+    )
 
 
 def not_found(message: str, *, model: str | None = None) -> SluiceError:

@@ -60,7 +60,6 @@ INERT_FLAGS: dict[str, str] = {
     "--model-load-gpu-limit": "loads are not refused by GPU memory use",
     "--response-cache-byte-size": "the response cache is set with --cache-config local,size=N",
     # flags of tritonserver releases after 2.51
-    "--http-max-input-size": "the request body limit is SLUICE_HTTP__MAX_BODY_BYTES",
     "--grpc-max-response-pool-size": "gRPC responses are not pooled",
 }
 

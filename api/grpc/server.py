@@ -1,7 +1,8 @@
 """The gateway's ``grpc.aio`` server: options, TLS, start and bounded stop.
 
 Options follow Triton's ``--grpc-*`` flags (server ``src/command_line_parser.cc``,
-``src/grpc/grpc_server.cc``): message size INT32_MAX both ways (docs/reference/grpc-protocol.md),
+``src/grpc/grpc_server.cc``): message size INT32_MAX both ways (docs/reference/grpc-protocol.md;
+received messages bounded lower by Sluice's ``--grpc-max-input-size``),
 keepalive / HTTP2 ping settings, optional TLS (mutual when asked), gzip for
 inference responses when a compression level other than ``none`` is set (grpcio
 exposes algorithms, not levels, so low/medium/high all mean gzip).
@@ -49,7 +50,7 @@ def server_options(settings: GrpcSettings) -> list[tuple[str, int]]:
     """Channel arguments of the server (grpc core names)."""
     return [
         ("grpc.max_send_message_length", INT32_MAX),
-        ("grpc.max_receive_message_length", INT32_MAX),
+        ("grpc.max_receive_message_length", settings.max_input_bytes),
         ("grpc.keepalive_time_ms", settings.keepalive_time_ms),
         ("grpc.keepalive_timeout_ms", settings.keepalive_timeout_ms),
         ("grpc.keepalive_permit_without_calls", int(settings.keepalive_permit_without_calls)),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gzip
 import zlib
 
-from sluice.broker.errors import ErrorCode, SluiceError, invalid_arg
+from sluice.broker.errors import ErrorCode, SluiceError, invalid_arg, too_large
 
 
 def decompress(body: bytes, encoding: str | None, limit_bytes: int) -> bytes:
@@ -32,7 +32,7 @@ def decompress(body: bytes, encoding: str | None, limit_bytes: int) -> bytes:
     except zlib.error as exc:
         raise invalid_arg(f"failed to decompress the {encoding} request body: {exc}") from None
     if len(out) > limit_bytes or inflater.unconsumed_tail:
-        raise invalid_arg(f"decompressed request body exceeds the limit of {limit_bytes} bytes")
+        raise too_large(None, limit_bytes, "decompressed request body")
     return out
 
 

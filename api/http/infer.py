@@ -30,7 +30,7 @@ from sluice.api.http.header_cache import CachedHeader, HeaderCache
 from sluice.api.http.infer_request import HttpInferRequest, parse_infer_request
 from sluice.api.http.infer_response import encode_infer_response
 from sluice.api.models import ModelView
-from sluice.broker.errors import SluiceError, invalid_arg
+from sluice.broker.errors import SluiceError, invalid_arg, too_large
 from sluice.broker.messages import InferResponseMessage
 from sluice.broker.outage import OutageLog
 
@@ -60,9 +60,7 @@ def _route(path: str) -> Route | None:
 async def _read_body(receive: Receive, headers: Mapping[bytes, bytes], limit: int) -> bytes:
     declared = headers.get(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise invalid_arg(
-            f"request body of {declared.decode()} bytes exceeds the limit of {limit} bytes"
-        )
+        raise too_large(int(declared), limit)
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -72,7 +70,7 @@ async def _read_body(receive: Receive, headers: Mapping[bytes, bytes], limit: in
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise invalid_arg(f"request body exceeds the limit of {limit} bytes")
+            raise too_large(None, limit)
         chunks.append(chunk)
         if not message.get("more_body", False):
             break

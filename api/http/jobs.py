@@ -24,7 +24,7 @@ from sluice.api.http.body import compress, decompress, negotiate_encoding
 from sluice.api.http.infer import parse_body
 from sluice.api.http.infer_response import encode_infer_response
 from sluice.api.http.routes import dataplane, json_response
-from sluice.broker.errors import invalid_arg
+from sluice.broker.errors import invalid_arg, too_large
 from sluice.broker.job_records import JobKind, JobRequest
 from sluice.broker.states import JobState
 
@@ -94,17 +94,17 @@ async def _read_limited(request: Request, limit: int) -> bytes:
     """The request body, refused past ``limit`` bytes as the infer endpoint refuses it.
 
     Raises:
-        SluiceError: INVALID_ARG past the limit.
+        SluiceError: TOO_LARGE (HTTP 413) past the limit.
     """
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise invalid_arg(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
+        raise too_large(int(declared), limit)
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise invalid_arg(f"request body exceeds the limit of {limit} bytes")
+            raise too_large(None, limit)
         chunks.append(chunk)
     return b"".join(chunks)
 

@@ -19,9 +19,12 @@ how soon a batch's answers go out and the next batch's requests come in.
 Everything else, and requests for a model whose view is not cached yet, stay
 ASGI calls.
 
-Three limits uvicorn's protocol lacks: a request whose head (request line and headers)
+Four limits uvicorn's protocol lacks: a request whose head (request line and headers)
 passes :data:`MAX_HEAD_BYTES` is answered 431 and the connection closed, instead of
-being buffered without end; a request whose head or body stops arriving for the read
+being buffered without end; a request whose body passes the body limit
+(``--http-max-input-size``: its ``Content-Length``, or the bytes of a chunked body read
+so far) is answered 413 and the connection closed, on every route and before the body
+is read; a request whose head or body stops arriving for the read
 timeout (``--http-read-timeout-secs``, :data:`READ_TIMEOUT_S`) is answered 408 and the
 connection closed, as is a connection that sends nothing at all for that long, instead
 of being held open without end (a slow client holding many connections); and an
@@ -38,9 +41,11 @@ import functools
 from typing import Any
 
 import httptools
+import orjson
 
 from sluice.api.http.coalescing import CoalescingHttpToolsProtocol, CoalescingTransport
 from sluice.api.http.infer import InferEndpoint, cancel_unanswered
+from sluice.broker.errors import too_large
 
 #: most bytes a request line and its headers may take, in bytes.
 MAX_HEAD_BYTES = 1 << 20
@@ -54,6 +59,10 @@ _TOO_LARGE = b'{"error":"request line and headers exceed 1048576 bytes"}'
 __all__ = ["HttpProtocol"]
 
 
+class _Refused(Exception):
+    """Raised in a parser callback to stop parsing a request refused and answered."""
+
+
 class HttpProtocol(CoalescingHttpToolsProtocol):
     """uvicorn's httptools protocol with coalesced writes and half-close support.
 
@@ -65,6 +74,8 @@ class HttpProtocol(CoalescingHttpToolsProtocol):
             or body has begun (then 408 and close), or for a new connection's first
             bytes (then close). Idle keep-alive connections between requests follow
             uvicorn's ``timeout_keep_alive`` instead.
+        max_body_bytes: largest request body, in bytes (then 413 and close); None: no
+            limit here.
     """
 
     _head_bytes = -1  # bytes of the head read so far; -1 between heads
@@ -74,10 +85,18 @@ class HttpProtocol(CoalescingHttpToolsProtocol):
     _read_timer: asyncio.TimerHandle | None = None  # armed while a request is incomplete
     _last_read = 0.0  # loop time of the last bytes of an incomplete request
     _silent = True  # no bytes received on this connection yet
+    _body_bytes = 0  # body bytes of the current request read so far
 
-    def __init__(self, *args: Any, read_timeout_s: float = READ_TIMEOUT_S, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        read_timeout_s: float = READ_TIMEOUT_S,
+        max_body_bytes: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._read_timeout_s = read_timeout_s
+        self._max_body_bytes = max_body_bytes
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -122,7 +141,9 @@ class HttpProtocol(CoalescingHttpToolsProtocol):
         self._unset_keepalive_if_required()
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError:
+        except (httptools.HttpParserError, _Refused):
+            if self._discarding:
+                return  # a callback refused the request (413) and answered it
             self.logger.warning("Invalid HTTP request received.")
             self._log_refusal(400, None)
             self.send_400_response("Invalid HTTP request received.")
@@ -242,9 +263,26 @@ class HttpProtocol(CoalescingHttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._head_bytes = 0
+        self._body_bytes = 0
+
+    def _refuse_too_large(self, size: int | None, scope: Any) -> None:
+        """Answer 413 naming the limit, close (:meth:`_refuse`), and stop the parser."""
+        assert self._max_body_bytes is not None
+        cycle = self.cycle
+        if cycle is not None and scope is not None:
+            cycle.disconnected = True  # an ASGI call waiting for the body gets a disconnect
+            cycle.message_event.set()
+        self._log_refusal(413, scope)
+        error = too_large(size, self._max_body_bytes)
+        self._refuse(b"413 Payload Too Large", orjson.dumps({"error": error.message}))
+        raise _Refused
 
     def on_headers_complete(self) -> None:
         self._head_bytes = -1
+        length = next((v for k, v in self.headers if k == b"content-length"), None)
+        limit = self._max_body_bytes
+        if limit is not None and length is not None and length.isdigit() and int(length) > limit:
+            self._refuse_too_large(int(length), None)
         if self.parser.should_upgrade():
             # llhttp reads no body after an upgrade request's head: collect it ourselves
             length = next((v for k, v in self.headers if k == b"content-length"), b"0")
@@ -272,7 +310,11 @@ class HttpProtocol(CoalescingHttpToolsProtocol):
 
     def on_body(self, body: bytes) -> None:
         """Collect a body; a task-free request's (bounded by its ``Content-Length``)
-        keeps the connection reading, as nobody calls ASGI ``receive`` for it."""
+        keeps the connection reading, as nobody calls ASGI ``receive`` for it. A chunked
+        body past the body limit is refused (413)."""
+        self._body_bytes += len(body)
+        if self._max_body_bytes is not None and self._body_bytes > self._max_body_bytes:
+            self._refuse_too_large(None, self.cycle.scope if self.cycle is not None else None)
         super().on_body(body)
         if getattr(self.cycle, "fast_app", None) is not None:
             self.flow.resume_reading()

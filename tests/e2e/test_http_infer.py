@@ -431,8 +431,8 @@ def test_error_oversized_body(server, http_client) -> None:
     response = requests.post(
         f"{server.base}/v2/models/add_sub/infer", data=b" " * (9 * 1024 * 1024), timeout=30
     )
-    assert response.status_code == 400
-    assert "exceeds the limit of 8388608 bytes" in response.json()["error"]
+    assert response.status_code == 413
+    assert "exceeds the limit of 8388608 bytes (--http-max-input-size)" in response.json()["error"]
     test_add_sub_exact(http_client, True)  # still serving
 
 
