@@ -1,8 +1,9 @@
 """Telling a refused Redis login apart from a Redis that is down.
 
 Every Sluice process waits out a Redis outage (a restart, a network cut) and goes on
-when Redis answers again. A wrong password, an ACL user without a permission, or a TLS
-certificate Redis or the client rejects is not an outage: waiting never ends it. Each
+when Redis answers again. A wrong password, an ACL user without a permission, a TLS
+certificate Redis or the client rejects, or a URL whose scheme does not fit the port
+(``redis://`` for a TLS port, ``rediss://`` for a plain one) is not an outage: waiting never ends it. Each
 process therefore checks its Redis once at start (:func:`check_redis_access`) and ends
 with one error line and exit code 1 on such a refusal, instead of retrying in a loop.
 
@@ -16,7 +17,9 @@ opened through redis-py) all take it from there. See docs/user-guide/security.md
 from __future__ import annotations
 
 import logging
+import socket
 import ssl
+from urllib.parse import urlsplit
 
 import redis
 import redis.exceptions
@@ -78,10 +81,59 @@ def check_redis_access(url: str, timeout_s: float = 10.0) -> None:
         client.ping()
     except (redis.exceptions.RedisError, OSError) as exc:
         reason = access_refusal(exc)
+        parts = urlsplit(url)
+        if (
+            reason is None
+            and isinstance(exc, redis.exceptions.ConnectionError)
+            and not isinstance(exc, redis.exceptions.TimeoutError)
+            and parts.scheme == "redis"
+            and _speaks_tls(parts.hostname or "127.0.0.1", parts.port or 6379, timeout_s)
+        ):
+            reason = "Redis speaks TLS on this port: use a rediss:// URL"
+        elif (
+            reason is None
+            and isinstance(exc, redis.exceptions.TimeoutError)
+            and parts.scheme == "rediss"
+            and _speaks_plain(parts.hostname or "127.0.0.1", parts.port or 6379, timeout_s)
+        ):
+            reason = "Redis does not speak TLS on this port: use a redis:// URL"
         if reason is not None:
             raise RedisAccessRefused(f"{reason} (Redis at {redacted(url)})") from None
     finally:
         client.close()
+
+
+def _speaks_tls(host: str, port: int, timeout_s: float) -> bool:
+    """Whether the server at ``host:port`` answers a TLS handshake (unverified: only the
+    protocol is asked), which a plain Redis answers with a protocol error instead: a
+    ``redis://`` URL then names a TLS port, where Redis resets the connection on the
+    first plain command, as an outage would look."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with (
+            socket.create_connection((host, port), timeout=timeout_s) as sock,
+            context.wrap_socket(sock, server_hostname=host),
+        ):
+            return True
+    except ssl.SSLError as exc:  # a TLS alert (a client certificate asked for) is TLS too
+        return "ALERT" in str(exc.reason or "")
+    except OSError:
+        return False
+
+
+def _speaks_plain(host: str, port: int, timeout_s: float) -> bool:
+    """Whether the server at ``host:port`` answers an inline ``PING`` in plain RESP
+    (``+PONG`` or an error such as ``-NOAUTH``): a ``rediss://`` URL then names a plain
+    port, where Redis waits for the end of a line that the TLS handshake never sends, as
+    a stalled Redis would."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(1)[:1] in (b"+", b"-")
+    except OSError:
+        return False
 
 
 def exit_if_refused(url: str, logger: logging.Logger) -> None:

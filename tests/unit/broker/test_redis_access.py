@@ -79,3 +79,17 @@ def test_celery_tls_options() -> None:
     assert celery_tls("redis://:pw@h/0") == ("redis://:pw@h/0", None)
     with pytest.raises(ValueError, match="ssl_cert_reqs must be"):
         celery_tls("rediss://h/0?ssl_cert_reqs=maybe")
+
+
+def test_the_wrong_scheme_is_refused(tmp_path: Path) -> None:
+    """``redis://`` for a TLS port, ``rediss://`` for a plain one: refused, not waited for."""
+    with secured_redis("tls", tmp_path / "tls") as server:
+        plain = server.url.replace("rediss://", "redis://").split("?")[0]
+        with pytest.raises(RedisAccessRefused, match="Redis speaks TLS on this port: use a rediss"):
+            check_redis_access(plain, timeout_s=5.0)
+    wrong = "Redis does not speak TLS on this port: use a redis:// URL"
+    with (
+        secured_redis("password", tmp_path / "plain") as server,
+        pytest.raises(RedisAccessRefused, match=wrong),
+    ):
+        check_redis_access(server.url.replace("redis://", "rediss://"), timeout_s=2.0)
