@@ -4,8 +4,9 @@ Every Sluice process waits out a Redis outage (a restart, a network cut) and goe
 when Redis answers again. A wrong password, an ACL user without a permission, a TLS
 certificate Redis or the client rejects, or a URL whose scheme does not fit the port
 (``redis://`` for a TLS port, ``rediss://`` for a plain one) is not an outage: waiting
-never ends it. Each process therefore checks its Redis once at start (:func:`check_redis_access`) and ends
-with one error line and exit code 1 on such a refusal, instead of retrying in a loop.
+never ends it. Each process therefore checks its Redis once at start
+(:func:`check_redis_access`) and ends with one error line and exit code 1 on such a
+refusal, instead of retrying in a loop.
 
 The URL is the only place Redis credentials and TLS files are given
 (``redis://[[user]:password@]host:port/db``, ``rediss://...?ssl_ca_certs=...&ssl_certfile=

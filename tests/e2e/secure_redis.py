@@ -20,6 +20,8 @@ from sluice.broker.redis_server import free_port
 PASSWORD = "s3cret-Pa55word-7f1c"
 #: the ACL user of the ACL mode.
 ACL_USER = "sluice-app"
+#: the key prefix the ACL user may use (its only keys); every other key is refused.
+ACL_PREFIX = "sluice-acl:"
 
 
 @dataclass(frozen=True)
@@ -87,8 +89,9 @@ def tls_url(port: int, certs: Certificates, password: str = PASSWORD) -> str:
 @contextlib.contextmanager
 def secured_redis(mode: str, directory: Path, timeout_s: float = 30.0) -> Iterator[SecuredRedis]:
     """Start a redis-server on a free port that requires a password (``password``), an
-    ACL user (``acl``: the default user disabled) or TLS with client certificates and a
-    password (``tls``: no plain TCP port); stopped on exit.
+    ACL user (``acl``: the default user disabled; the user has the keys under
+    :data:`ACL_PREFIX` and every command but those of ``@dangerous``) or TLS with client
+    certificates and a password (``tls``: no plain TCP port); stopped on exit.
 
     Raises:
         RuntimeError: it did not answer within ``timeout_s``.
@@ -102,7 +105,8 @@ def secured_redis(mode: str, directory: Path, timeout_s: float = 30.0) -> Iterat
         wrong = f"redis://:not-{PASSWORD}@127.0.0.1:{port}/0"
     elif mode == "acl":
         args += ["--port", str(port), "--user", "default", "off"]
-        args += ["--user", ACL_USER, "on", f">{PASSWORD}", "~*", "&*", "+@all"]
+        args += ["--user", ACL_USER, "on", f">{PASSWORD}", f"~{ACL_PREFIX}*", "&*"]
+        args += ["+@all", "-@dangerous"]
         url = f"redis://{ACL_USER}:{PASSWORD}@127.0.0.1:{port}/0"
         wrong = f"redis://{ACL_USER}:not-{PASSWORD}@127.0.0.1:{port}/0"
     elif mode == "tls":

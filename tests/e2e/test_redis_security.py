@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from e2e_support import ROOT, children_of, repository_of, start_server, stop_server
 from jobs_support import add_sub_body, submit, wait_state
-from secure_redis import PASSWORD, SecuredRedis, secured_redis
+from secure_redis import ACL_PREFIX, ACL_USER, PASSWORD, SecuredRedis, secured_redis
 
 from sluice.broker.redis_server import free_port
 
@@ -53,7 +53,10 @@ def test_serve_infers_and_runs_jobs(
     import tritonclient.http as httpclient
 
     repo = repository_of(model_repository, tmp_path / "repo", "add_sub")
-    server = start_server(repo, secured.url, tmp_path / "serve.log", url_in_env=True)
+    prefix = ACL_PREFIX if "@" in secured.url and ACL_USER in secured.url else None
+    server = start_server(
+        repo, secured.url, tmp_path / "serve.log", url_in_env=True, key_prefix=prefix
+    )
     try:
         a = np.arange(16, dtype=np.float32).reshape(1, 16)
         b = np.full((1, 16), 2.0, np.float32)
@@ -80,6 +83,7 @@ def test_serve_infers_and_runs_jobs(
     log = server.log()
     assert "serving on" in log
     assert PASSWORD not in log
+    assert "NOPERM" not in log and "Traceback" not in log, log
 
 
 def _one_error_line(log: str) -> str:
