@@ -10,6 +10,7 @@ settings (:func:`apply_frontend_arguments`). Flag names and meanings are Triton'
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,8 @@ __all__ = [
     "add_frontend_arguments",
     "apply_frontend_arguments",
     "forward_frontend_arguments",
+    "restricted_arguments",
+    "restricted_environment",
 ]
 
 
@@ -223,8 +226,10 @@ def add_frontend_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, action="append", default=None, help=help_text)
 
 
-def forward_frontend_arguments(args: argparse.Namespace) -> list[str]:
-    """The given flags as argv, to pass from ``sluice serve`` to the gateway process."""
+def forward_frontend_arguments(args: argparse.Namespace, restricted: bool = True) -> list[str]:
+    """The given flags as argv, to pass from ``sluice serve`` to the gateway process;
+    without the restricted-API flags when not ``restricted`` (they go in the gateway's
+    environment instead: :func:`restricted_environment`)."""
     argv: list[str] = []
     for spec in (*_GRPC_FLAGS, *_HTTP_FLAGS, *_METRICS_FLAGS, *_LOG_FLAGS):
         value = getattr(args, _dest(spec.flag))
@@ -235,10 +240,36 @@ def forward_frontend_arguments(args: argparse.Namespace) -> list[str]:
         argv += ["--metrics-config", f"{key}={_config_text(value)}"]
     for value in getattr(args, "cache_config", None) or ():
         argv += ["--cache-config", value]
+    return argv + restricted_arguments(args) if restricted else argv
+
+
+def restricted_arguments(args: argparse.Namespace) -> list[str]:
+    """The restricted-API flags given (``--http-restricted-api``,
+    ``--grpc-restricted-protocol``), as argv."""
+    argv: list[str] = []
     for flag, _, _ in _RESTRICT_FLAGS:
-        for value in getattr(args, _dest(flag)) or ():
+        for value in getattr(args, _dest(flag), None) or ():
             argv += [flag, value]
     return argv
+
+
+#: environment variable of the gateway setting of each restricted-API flag (JSON list).
+RESTRICTED_ENV = {
+    "--http-restricted-api": "SLUICE_HTTP__RESTRICTED_APIS",
+    "--grpc-restricted-protocol": "SLUICE_GRPC__RESTRICTED_PROTOCOLS",
+}
+
+
+def restricted_environment(args: argparse.Namespace) -> dict[str, str]:
+    """The restricted-API flags given, as the gateway's environment variables (JSON
+    lists, :data:`RESTRICTED_ENV`): their header values are credentials, and a process's
+    command line is shown to every user of the machine, its environment is not."""
+    env = {}
+    for flag, _, _ in _RESTRICT_FLAGS:
+        values = getattr(args, _dest(flag), None)
+        if values:
+            env[RESTRICTED_ENV[flag]] = json.dumps(list(values))
+    return env
 
 
 def apply_frontend_arguments(

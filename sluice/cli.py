@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 import pydantic
 import redis.exceptions
 
-from sluice.api.frontend_flags import add_frontend_arguments, forward_frontend_arguments
+from sluice.api import frontend_flags
 from sluice.api.gateway_args import (
     add_gateway_arguments,
     check_access_specs,
@@ -119,7 +119,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "'sluice worker' processes started apart (containers) serve them "
         "(--model-control-mode=none only)",
     )
-    add_frontend_arguments(p)
+    frontend_flags.add_frontend_arguments(p)
     add_inert_arguments(p)
 
 
@@ -194,13 +194,16 @@ def serve(args: argparse.Namespace) -> int:
         exit_timeout_s=args.exit_timeout_secs,
         request_timeout_s=args.request_timeout_secs,
         job_workers=args.job_workers,
-        gateway_args=tuple(forward_frontend_arguments(args)),
-        extra_env=log_options.to_env(),  # gateway and workers log as this process does
+        gateway_args=tuple(frontend_flags.forward_frontend_arguments(args, restricted=False)),
+        # children log as this process does; restricted-API headers (credentials) stay
+        # off their command lines
+        extra_env={**log_options.to_env(), **frontend_flags.restricted_environment(args)},
     )
     try:
         supervisor = Supervisor(options)
         supervisor.private_redis = redis_process  # type: ignore[assignment]
-        problem = check_gateway_start(supervisor.gateway_argv()) if args.start_gateway else None
+        argv = [*supervisor.gateway_argv(), *frontend_flags.restricted_arguments(args)]
+        problem = check_gateway_start(argv) if args.start_gateway else None
         if problem is None:
             supervisor.reset_state()
     except DeploymentTaken as exc:

@@ -12,7 +12,7 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from e2e_support import Server, repository_of, start_server, stop_server
+from e2e_support import Server, children_of, repository_of, start_server, stop_server
 from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.e2e
@@ -50,6 +50,18 @@ def _add_sub(module: object) -> list[object]:
     for tensor in inputs:
         tensor.set_data_from_numpy(a)
     return inputs
+
+
+def test_restricted_header_values_are_on_no_child_command_line(
+    restricted_server: Server,
+) -> None:
+    """The gateway gets the restricted-API specs in its environment: their header values
+    are credentials, and a command line is shown to every user of the machine."""
+    children = children_of(restricted_server.process.pid)
+    lines = [Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ") for pid in children]
+    gateways = [line for line in lines if b"sluice.api.gateway" in line]
+    assert len(gateways) == 1, lines
+    assert not [line for line in lines if b"s3cret" in line or b"let-me-in" in line], lines
 
 
 def test_http_restricted_groups(restricted_server: Server) -> None:
