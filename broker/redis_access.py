@@ -137,15 +137,17 @@ def _speaks_plain(host: str, port: int, timeout_s: float) -> bool:
         return False
 
 
-def exit_if_refused(url: str, logger: logging.Logger) -> None:
-    """:func:`check_redis_access`; on a refusal, log its one line and end the process
-    with exit code 1 (a supervisor restarting it would be refused again).
+def exit_if_refused(url: str, logger: logging.Logger, timeout_s: float = 5.0) -> None:
+    """:func:`check_redis_access` (a Redis that does not answer delays the start by at
+    most ``timeout_s`` seconds, twice where a probe of the other protocol follows); on a
+    refusal, log its one line and end the process with exit code 1 (a supervisor
+    restarting it would be refused again).
 
     Raises:
         SystemExit: code 1, after a refusal.
     """
     try:
-        check_redis_access(url)
+        check_redis_access(url, timeout_s)
     except RedisAccessRefused as exc:
         logger.error("%s", exc)
         raise SystemExit(1) from None
