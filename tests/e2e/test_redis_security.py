@@ -1,8 +1,8 @@
 """Every Sluice process against a Redis that requires a password, an ACL user, or TLS
 with client certificates: ``sluice serve`` (supervisor, gateway, instances, heartbeats,
 job worker) answers an infer over HTTP and gRPC and runs an async job; the password is
-on no process's command line and in no log line; a refused login ends each kind of
-process with one error line and exit code 1."""
+on no process's command line and in no log line; the health checks log in too; a
+refused login ends each kind of process with one error line and exit code 1."""
 
 from __future__ import annotations
 
@@ -15,7 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from e2e_support import ROOT, children_of, repository_of, start_server, stop_server
+from e2e_support import (
+    ROOT,
+    children_of,
+    instance_records,
+    repository_of,
+    start_server,
+    stop_server,
+)
 from jobs_support import add_sub_body, submit, wait_state
 from secure_redis import ACL_PREFIX, ACL_USER, PASSWORD, SecuredRedis, secured_redis
 
@@ -73,6 +80,20 @@ def test_serve_infers_and_runs_jobs(
         job = wait_state(server.base, submit(server.base, "add_sub", body))
         assert job["state"] == "SUCCESS", job
         assert job["outputs"][0]["data"] == [4.0] * 16
+        (instance,) = instance_records(server, "add_sub")
+        for env_url, code in ((secured.url, 0), (secured.wrong_url, 1)):
+            env = dict(os.environ, SLUICE_REDIS__URL=env_url)
+            env["SLUICE_REDIS__KEY_PREFIX"] = server.key_prefix
+            for check in (["control"], ["instance", "--model", "add_sub", "--instance", instance]):
+                done = subprocess.run(
+                    [sys.executable, "-m", "sluice.healthcheck", *check],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
+                assert done.returncode == code, (check, done.stderr)
+                assert PASSWORD not in done.stderr
         processes = [server.process.pid, *_descendants(server.process.pid)]
         lines = {pid: _cmdline(pid) for pid in processes}
         # supervisor, gateway, job worker, instance and its heartbeat at least
