@@ -24,6 +24,7 @@ from pathlib import Path
 
 import redis
 
+from sluice.broker.cluster import sync_client
 from sluice.broker.codec import CodecError
 from sluice.broker.control import (
     answer,
@@ -94,7 +95,7 @@ class Supervisor:
     def __init__(self, options: ServeOptions) -> None:
         self.options = options
         self.keys = KeySchema(options.key_prefix)
-        self.client = redis.Redis.from_url(options.redis_url, protocol=2, socket_timeout=30)
+        self.client = sync_client(options.redis_url, protocol=2, socket_timeout=30)
         self.store = ModelStore(self.client, self.keys)
         self.lease = DeploymentLease(
             self.client,
