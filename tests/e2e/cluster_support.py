@@ -65,6 +65,16 @@ class Cluster:
     def node_id(self, port: int) -> str:
         return self.node(port).execute_command("CLUSTER", "MYID").decode()
 
+    def serving(self, command: str) -> list[int]:
+        """Ports of the primaries with a client whose last command was ``command`` (e.g.
+        ``blmpop``: the node of a gateway's reply list)."""
+        found = []
+        for port in self.primaries():
+            clients = self.node(port).execute_command("CLIENT", "LIST").decode()
+            if f" cmd={command} " in clients:
+                found.append(port)
+        return found
+
     def primaries(self) -> list[int]:
         """Ports of the primaries now."""
         found = []

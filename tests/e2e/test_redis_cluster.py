@@ -175,6 +175,17 @@ def test_primary_failover_under_load(server: Server, cluster: Cluster) -> None:
     assert answered > 50
 
 
+def test_reply_list_primary_failover_under_load(server: Server, cluster: Cluster) -> None:
+    """The gateway's reply list (a slot of its own) loses its primary: the reply reader
+    follows the slot to the promoted replica."""
+    readers = cluster.serving("blmpop")
+    assert len(readers) == 1, readers
+    promoted: list[int] = []
+    answered = _load_and_check(server, lambda: promoted.append(failover(cluster, readers[0])))
+    assert promoted and cluster.serving("blmpop") == promoted
+    assert answered > 50
+
+
 def test_slot_migration_under_load(server: Server, cluster: Cluster) -> None:
     slot = model_slot("add_sub")
     source = cluster.slot_owner(slot)
@@ -182,3 +193,16 @@ def test_slot_migration_under_load(server: Server, cluster: Cluster) -> None:
     answered = _load_and_check(server, lambda: migrate_slot(cluster, slot, target))
     assert cluster.slot_owner(slot) == target
     assert answered > 50
+
+
+def test_async_jobs_refused_with_reason(server: Server) -> None:
+    body = {
+        "inputs": [
+            {"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16},
+            {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16},
+        ]
+    }
+    answer = requests.post(f"{server.base}/v2/models/add_sub/jobs", json=body, timeout=10)
+    assert answer.status_code == 501
+    assert "need a single Redis" in answer.json()["error"]
+    assert "Redis Cluster" in answer.json()["error"]
