@@ -166,6 +166,40 @@ def wait_cluster_ok(cluster: Cluster, timeout_s: float) -> None:
     raise RuntimeError("Redis Cluster not ok in time")
 
 
+def kill_primary(cluster: Cluster, primary: int, timeout_s: float = 30.0) -> int:
+    """SIGKILL ``primary`` and wait (bounded) until a replica of it serves its slots;
+    returns that replica's port. The node stays down (:func:`restart_node`)."""
+    replica = cluster.replica_of(primary)
+    cluster.processes[primary].kill()
+    cluster.processes[primary].wait(10)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if cluster.node(replica).execute_command("ROLE")[0] == b"master":
+                return replica
+        except redis.exceptions.RedisError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"replica {replica} of killed {primary} not promoted in time")
+
+
+def restart_node(cluster: Cluster, port: int, timeout_s: float = 30.0) -> None:
+    """Start a killed node again with its node file (it rejoins as a replica) and wait
+    (bounded) until the cluster has 3 primaries and 3 replicas again."""
+    node_dir = cluster.folder / str(port)
+    cluster.processes[port] = subprocess.Popen(
+        [
+            "redis-server", "--port", str(port), "--bind", "127.0.0.1",
+            "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+            "--cluster-node-timeout", str(NODE_TIMEOUT_MS), "--appendonly", "no",
+            "--save", "", "--dir", str(node_dir), "--protected-mode", "no",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    wait_cluster_ok(cluster, timeout_s)
+
+
 def stop_cluster(cluster: Cluster) -> None:
     """Kill every node (bounded wait) and remove the folder's node files."""
     for process in cluster.processes.values():
