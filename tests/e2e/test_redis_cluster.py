@@ -9,6 +9,8 @@ correctly, and the instances ran each exactly once (the statistics count them).
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -238,3 +240,21 @@ def test_async_jobs_refused_with_reason(server: Server) -> None:
     assert answer.status_code == 501
     assert "need a single Redis" in answer.json()["error"]
     assert "Redis Cluster" in answer.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("url", "text"),
+    [
+        ("redis+cluster://localhost", "bad --redis-url: a Redis Cluster node needs host:port"),
+        ("redis+cluster://127.0.0.1:1", "cannot use Redis at redis+cluster://127.0.0.1:1"),
+    ],
+)
+def test_bad_or_unreachable_cluster_url_is_one_error_line(url: str, text: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "sluice.cli", "serve", "--model-repository",
+         "examples/model_repository", "--redis-url", url],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert text in done.stderr
+    assert "Traceback" not in done.stderr
