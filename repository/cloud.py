@@ -9,8 +9,9 @@ The path forms and credential variables are Triton's (user guide, ``model_reposi
   ``AWS_DEFAULT_REGION`` (or the AWS config files), as botocore reads them.
 * ``gs://bucket/path``; credentials from ``GOOGLE_APPLICATION_CREDENTIALS``, then the
   attached service account, then anonymous access (gcsfs's default order).
-* ``as://account/container/path``; the account's shared key from ``AZURE_STORAGE_KEY``
-  (without it, adlfs's default Azure credential chain).
+* ``as://account/container/path``; the account's shared key from ``AZURE_STORAGE_KEY``;
+  without it, ``AZURE_STORAGE_AUTH_TYPE=managed_identity`` or ``default`` selects the
+  Azure default credential chain (managed identity among others), else anonymous access.
 
 The storage is reached through fsspec: s3fs for S3, gcsfs and adlfs (the ``cloud`` extra)
 for the others, imported only when such a repository is named.
@@ -168,4 +169,6 @@ def open_filesystem(location: CloudLocation) -> fsspec.AbstractFileSystem:
         options["account_name"] = location.account
         if os.environ.get("AZURE_STORAGE_KEY"):
             options["account_key"] = os.environ["AZURE_STORAGE_KEY"]
+        elif os.environ.get("AZURE_STORAGE_AUTH_TYPE") in ("managed_identity", "default"):
+            options["anon"] = False  # adlfs then uses azure-identity's default chain
     return fsspec.filesystem(protocol, **options)
