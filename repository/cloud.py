@@ -45,9 +45,11 @@ MOUNT_VARIABLES: dict[str, str] = {
     "as": "TRITON_AZURE_MOUNT_DIRECTORY",
 }
 _HOST_PORT = re.compile(r"[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}")
-#: S3 client timeouts, in s: every listing and download waits at most this long per call.
-S3_CONNECT_TIMEOUT_S = 10
+#: S3 client timeouts, in s, and attempts per call: a scan (which runs in the supervisor's
+#: watch loop) waits that long at most when the storage does not answer.
+S3_CONNECT_TIMEOUT_S = 5
 S3_READ_TIMEOUT_S = 60
+S3_ATTEMPTS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +162,7 @@ def open_filesystem(location: CloudLocation) -> fsspec.AbstractFileSystem:
         config: dict[str, object] = {
             "connect_timeout": S3_CONNECT_TIMEOUT_S,
             "read_timeout": S3_READ_TIMEOUT_S,
+            "retries": {"max_attempts": S3_ATTEMPTS, "mode": "standard"},
         }
         if location.endpoint is not None:
             options["client_kwargs"] = {"endpoint_url": location.endpoint}
@@ -171,4 +174,7 @@ def open_filesystem(location: CloudLocation) -> fsspec.AbstractFileSystem:
             options["account_key"] = os.environ["AZURE_STORAGE_KEY"]
         elif os.environ.get("AZURE_STORAGE_AUTH_TYPE") in ("managed_identity", "default"):
             options["anon"] = False  # adlfs then uses azure-identity's default chain
-    return fsspec.filesystem(protocol, **options)
+    filesystem = fsspec.filesystem(protocol, **options)
+    if location.scheme == "s3":
+        filesystem.retries = S3_ATTEMPTS  # s3fs's own retries around botocore's (5 by default)
+    return filesystem

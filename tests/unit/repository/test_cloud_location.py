@@ -80,6 +80,8 @@ def test_s3_filesystem_reaches_the_private_endpoint() -> None:
     assert isinstance(fs, s3fs.S3FileSystem)
     assert fs.client_kwargs == {"endpoint_url": "http://127.0.0.1:9"}
     assert fs.config_kwargs["s3"] == {"addressing_style": "path"}
+    assert fs.config_kwargs["connect_timeout"] == 5
+    assert fs.retries == 2  # a storage that does not answer holds a scan a bounded time
 
 
 def test_missing_package_is_named() -> None:
