@@ -13,6 +13,9 @@ The path forms and credential variables are Triton's (user guide, ``model_reposi
   without it, ``AZURE_STORAGE_AUTH_TYPE=managed_identity`` or ``default`` selects the
   Azure default credential chain (managed identity among others), else anonymous access.
 
+``TRITON_CLOUD_CREDENTIAL_PATH``, Triton's credential file, takes precedence over the
+variables (:mod:`sluice.repository.credentials`).
+
 The storage is reached through fsspec: s3fs for S3, gcsfs and adlfs (the ``cloud`` extra)
 for the others, imported only when such a repository is named.
 """
@@ -20,11 +23,11 @@ for the others, imported only when such a repository is named.
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sluice.repository.credentials import credential_options
 from sluice.repository.errors import RepositoryError
 
 if TYPE_CHECKING:
@@ -142,12 +145,12 @@ def _s3_endpoint(text: str, rest: str) -> tuple[str | None, str]:
 
 
 def open_filesystem(location: CloudLocation) -> fsspec.AbstractFileSystem:
-    """The fsspec filesystem that reaches ``location``, with Triton's credential
-    variables (this module's docstring).
+    """The fsspec filesystem that reaches ``location``, with Triton's credentials (this
+    module's docstring).
 
     Raises:
         RepositoryError: the package for that storage is not installed (naming it and the
-            ``cloud`` extra).
+            ``cloud`` extra); a credential file that cannot be used.
     """
     protocol, package = _SCHEMES[location.scheme]
     if importlib.util.find_spec(package) is None:
@@ -170,10 +173,10 @@ def open_filesystem(location: CloudLocation) -> fsspec.AbstractFileSystem:
         options["config_kwargs"] = config
     elif location.scheme == "as":
         options["account_name"] = location.account
-        if os.environ.get("AZURE_STORAGE_KEY"):
-            options["account_key"] = os.environ["AZURE_STORAGE_KEY"]
-        elif os.environ.get("AZURE_STORAGE_AUTH_TYPE") in ("managed_identity", "default"):
-            options["anon"] = False  # adlfs then uses azure-identity's default chain
+    for name, value in credential_options(location.scheme, location.url).items():
+        if name == "client_kwargs":  # the region, beside the endpoint
+            value = {**options.get("client_kwargs", {}), **value}  # type: ignore[dict-item]
+        options[name] = value
     filesystem = fsspec.filesystem(protocol, **options)
     if location.scheme == "s3":
         filesystem.retries = S3_ATTEMPTS  # s3fs's own retries around botocore's (5 by default)

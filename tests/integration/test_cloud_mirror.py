@@ -4,6 +4,7 @@ through, and where the copy goes."""
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Iterator
@@ -123,3 +124,27 @@ def test_mount_directory_variable_places_the_copy(
     monkeypatch.setenv("TRITON_AWS_MOUNT_DIRECTORY", str(tmp_path / "absent"))
     with pytest.raises(RepositoryError, match=r"TRITON_AWS_MOUNT_DIRECTORY=.* is not a directory"):
         open_repositories([url])
+
+
+def test_credentials_come_from_triton_credential_file(
+    s3: LocalS3, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # no credentials anywhere: botocore finds none and the repository cannot be listed
+    for name in AWS_ENV:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "absent"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "absent"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    url = s3.url(bucket, "repo")
+    with pytest.raises(RepositoryError, match="Unable to locate credentials"):
+        open_repositories([url])
+    path = tmp_path / "cloud_credential.json"
+    entry = {
+        "key_id": AWS_ENV["AWS_ACCESS_KEY_ID"],
+        "secret_key": AWS_ENV["AWS_SECRET_ACCESS_KEY"],
+        "region": AWS_ENV["AWS_DEFAULT_REGION"],
+    }
+    path.write_text(json.dumps({"s3": {f"s3://{s3.host_port}/{bucket}": entry}}))
+    monkeypatch.setenv("TRITON_CLOUD_CREDENTIAL_PATH", str(path))
+    (root,) = open_repositories([url])
+    assert (root / "m/1/model.bin").read_bytes() == b"v1"
