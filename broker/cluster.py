@@ -11,7 +11,9 @@ the URL takes no path.
 and redis-py's ``RedisCluster`` (which follows ``MOVED``/``ASK`` itself) for a cluster URL.
 The hot paths (``broker.multiplex``, ``broker.direct``, ``broker.replies``) keep their
 own connections per node and use :class:`SlotMap` and :func:`redirection` to route each
-command by its key's hash slot (the slot rule: https://redis.io/docs/latest/operate/oss_and_stack/reference/cluster-spec/#key-distribution-model).
+command by its key's hash slot. The slot rule (CRC16 of the key, or of its ``{tag}``,
+modulo 16384) and the redirections are Redis's cluster specification:
+https://redis.io/docs/latest/operate/oss_and_stack/reference/cluster-spec/
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ from redis.crc import key_slot
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 #: the attribute :func:`sync_client` leaves a cluster client's URL in.
 URL_ATTRIBUTE = "sluice_cluster_url"
+#: longest wait for one node's ``CLUSTER SLOTS`` answer when the slot map is read, in s:
+#: a node that does not answer (its host cut off) costs this long before the next is
+#: asked, however long the caller's own Redis timeout is.
+MAP_TIMEOUT_S = 2.0
 #: hash slots of a Redis Cluster.
 SLOTS = 16384
 

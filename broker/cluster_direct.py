@@ -26,6 +26,7 @@ import redis
 import redis.exceptions
 
 from sluice.broker.cluster import (
+    MAP_TIMEOUT_S,
     Address,
     SlotMap,
     cluster_url_of,
@@ -126,7 +127,7 @@ class ClusterDirectConnection:
 
     def _route(self, command: Command) -> Address:
         if self._stale:
-            self._map.refresh(self._cluster, self._timeout_s)
+            self._map.refresh(self._cluster, MAP_TIMEOUT_S)
             self._stale = False
         key = command_key(command)
         return (self._map.node_for(key) if key is not None else None) or self._map.any_node()

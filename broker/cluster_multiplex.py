@@ -33,6 +33,7 @@ from typing import Any
 import redis.exceptions
 
 from sluice.broker.cluster import (
+    MAP_TIMEOUT_S,
     Address,
     SlotMap,
     command_key,
@@ -79,7 +80,7 @@ class ClusterMultiplexedConnection:
         """Read the slot map (a failure is retried by the first command's redirection)."""
         self._started = True
         try:
-            await self._map.refresh_async(self._cluster, self._timeout_s)
+            await self._map.refresh_async(self._cluster, MAP_TIMEOUT_S)
         except redis.exceptions.ConnectionError as exc:
             logger.warning("Redis Cluster slot map not read yet: %s", exc)
 
@@ -228,7 +229,7 @@ class ClusterMultiplexedConnection:
 
     async def _refresh(self) -> None:
         try:
-            await self._map.refresh_async(self._cluster, self._timeout_s)
+            await self._map.refresh_async(self._cluster, MAP_TIMEOUT_S)
         except redis.exceptions.ConnectionError as exc:
             logger.warning("Redis Cluster slot map not refreshed: %s", exc)
 

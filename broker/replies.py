@@ -20,7 +20,7 @@ import hiredis
 import redis.asyncio
 import redis.exceptions
 
-from sluice.broker.cluster import SlotMap, is_cluster, parse_cluster_url, redirection
+from sluice.broker.cluster import MAP_TIMEOUT_S, SlotMap, is_cluster, parse_cluster_url, redirection
 from sluice.broker.codec import CodecError, decode_response
 from sluice.broker.errors import TIMEOUT_TEXT, ErrorCode, SluiceError
 from sluice.broker.messages import InferResponseMessage
@@ -83,7 +83,7 @@ class ReplyRouter:
             redis.exceptions.ConnectionError: no node of the cluster answered.
         """
         assert self._cluster is not None and self._slots is not None
-        await self._slots.refresh_async(self._cluster, 5.0)
+        await self._slots.refresh_async(self._cluster, MAP_TIMEOUT_S)
         address = self._slots.node_for(self.reply_key) or self._slots.any_node()
         url = self._cluster.node_url(address)
         if self._pool.connection_kwargs.get("port") != address[1] or (
