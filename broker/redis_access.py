@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import redis
 import redis.exceptions
 
+from sluice.broker.cluster import sync_client
 from sluice.broker.redis_server import redacted
 
 __all__ = ["RedisAccessRefused", "access_refusal", "check_redis_access", "exit_if_refused"]
@@ -77,8 +78,10 @@ def check_redis_access(url: str, timeout_s: float = 10.0) -> None:
         RedisAccessRefused: the login, the ``PING`` or TLS was refused; the message names
             the Redis (password masked) and the reason, fit for one log line.
     """
-    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    client = None
     try:
+        # a cluster client reads the slot map (logging in to a node) when it is made
+        client = sync_client(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         client.ping()
     except (redis.exceptions.RedisError, OSError) as exc:
         reason = access_refusal(exc)
@@ -101,7 +104,8 @@ def check_redis_access(url: str, timeout_s: float = 10.0) -> None:
         if reason is not None:
             raise RedisAccessRefused(f"{reason} (Redis at {redacted(url)})") from None
     finally:
-        client.close()
+        if client is not None:
+            client.close()
 
 
 def _speaks_tls(host: str, port: int, timeout_s: float) -> bool:

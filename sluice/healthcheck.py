@@ -46,12 +46,13 @@ def check_control(redis_url: str, key_prefix: str) -> str | None:
     """None when the deployment's ``sluice serve`` finished loading, else why not."""
     import redis
 
+    from sluice.broker.cluster import sync_client
     from sluice.broker.keys import KeySchema
     from sluice.broker.redis_server import redacted
 
     keys = KeySchema(key_prefix)
     try:
-        with redis.Redis.from_url(redis_url, socket_timeout=CHECK_TIMEOUT_S) as client:
+        with sync_client(redis_url, socket_timeout=CHECK_TIMEOUT_S) as client:
             startup = client.hget(keys.server(), "startup")
     except redis.exceptions.RedisError as exc:
         return f"Redis at {redacted(redis_url)}: {exc}"
@@ -67,13 +68,14 @@ def check_instance(
     """None when the instance is READY with a fresh heartbeat, else why not."""
     import redis
 
+    from sluice.broker.cluster import sync_client
     from sluice.broker.keys import KeySchema
     from sluice.broker.model_store import count_live
     from sluice.broker.redis_server import redacted
 
     keys = KeySchema(key_prefix)
     try:
-        with redis.Redis.from_url(redis_url, socket_timeout=CHECK_TIMEOUT_S) as client:
+        with sync_client(redis_url, socket_timeout=CHECK_TIMEOUT_S) as client:
             raw = client.hget(keys.instances(model, version), instance)
     except redis.exceptions.RedisError as exc:
         return f"Redis at {redacted(redis_url)}: {exc}"
