@@ -27,15 +27,12 @@ import atexit
 import os
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from opentelemetry import context as otel_context
-from opentelemetry import trace
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+if TYPE_CHECKING:  # the SDK is imported on first use: processes that never trace skip it
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
 
 __all__ = [
     "DEFAULT_OTLP_URL",
@@ -53,7 +50,6 @@ DEFAULT_OTLP_URL = "http://localhost:4318/v1/traces"
 #: Triton's default ``service.name`` resource attribute.
 DEFAULT_SERVICE_NAME = "triton-inference-server"
 
-_PROPAGATOR = TraceContextTextMapPropagator()
 _lock = threading.Lock()
 _providers: dict[tuple[str, str, str], TracerProvider] = {}
 
@@ -85,6 +81,11 @@ def tracer_for(url: str, resource: str, role: str, bsp: str = "") -> trace.Trace
     Raises:
         ValueError: a malformed ``resource`` or ``bsp``.
     """
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
     key = (url, resource, bsp)
     with _lock:
         provider = _providers.get(key)
@@ -125,15 +126,21 @@ def parent_context(traceparent: str) -> otel_context.Context | None:
     """The context of a W3C ``traceparent`` value; None when it is not a valid one."""
     if not traceparent:
         return None
-    ctx = _PROPAGATOR.extract({"traceparent": traceparent})
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    ctx = TraceContextTextMapPropagator().extract({"traceparent": traceparent})
     span_context = trace.get_current_span(ctx).get_span_context()
     return ctx if span_context.is_valid else None
 
 
 def traceparent_of(span: trace.Span) -> str:
     """The W3C ``traceparent`` value naming ``span`` as the parent."""
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
     carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
+    TraceContextTextMapPropagator().inject(carrier, context=trace.set_span_in_context(span))
     return carrier.get("traceparent", "")
 
 

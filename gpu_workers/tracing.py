@@ -23,8 +23,6 @@ import logging
 import os
 from collections.abc import Sequence
 
-from opentelemetry import trace
-
 from sluice.broker.messages import InferResponseMessage
 from sluice.broker.tracing import parent_context, record_span, tracer_for
 from sluice.gpu_workers.batch_assembly import Held
@@ -64,6 +62,8 @@ def record_traced(
         url = context.get("url")
         if not url:
             continue
+        from opentelemetry import trace  # imported once a request is traced
+
         try:
             tracer = tracer_for(
                 url, context.get("resource", ""), "instance", context.get("bsp", "")
