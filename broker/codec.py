@@ -20,6 +20,9 @@ from sluice.broker.messages import (
 )
 
 _VERSION = 1
+#: the trace context of every decoded request that is not traced: one shared empty dict
+#: (never changed in place), not one new dict per request
+_UNTRACED: dict[str, str] = {}
 
 
 class CodecError(ValueError):
@@ -95,7 +98,7 @@ def decode_request(payload: bytes) -> InferRequestMessage:
             classification,
         ) = fields[:12]
         load_id = fields[12] if len(fields) > 12 else ""  # a gateway without it: ""
-        trace = fields[13] if len(fields) > 13 else None  # not traced: no field
+        trace = fields[13] if len(fields) > 13 else _UNTRACED  # not traced: no field
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise CodecError(f"undecodable request message: {exc}") from exc
     if version != _VERSION:
@@ -113,7 +116,7 @@ def decode_request(payload: bytes) -> InferRequestMessage:
         enqueued_ns=enqueued_ns,
         classification=classification,
         load_id=load_id if isinstance(load_id, str) else "",
-        trace=dict(trace) if isinstance(trace, dict) else {},
+        trace=trace if isinstance(trace, dict) else _UNTRACED,
     )
 
 
