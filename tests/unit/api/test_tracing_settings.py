@@ -194,3 +194,30 @@ def test_opentelemetry_mode_carries_the_exporter_settings() -> None:
         "bsp": ",100,",
     }
     assert tracing.carried("") == {}
+
+
+def test_the_http_task_free_path_is_left_only_while_something_traces() -> None:
+    """With every level OFF an infer request takes the task-free path as without tracing;
+    once the global or a model's level traces, infer requests take the ASGI route (where
+    they are stamped), and take the task-free path again once it is OFF."""
+    from types import SimpleNamespace
+
+    from sluice.api.http.infer import InferEndpoint
+
+    tracing = Tracing(TraceConfig())
+    dataplane = SimpleNamespace(submission=None, settings=GatewaySettings(), tracing=tracing)
+    endpoint = InferEndpoint(app=None, dataplane=dataplane)  # type: ignore[arg-type]
+    scope = {
+        "method": "POST",
+        "path": "/v2/models/m/infer",
+        "headers": [(b"content-length", b"64")],
+    }
+    assert endpoint.accepts(scope) == ("m", None)
+    tracing.settings.update({"trace_level": ["TIMESTAMPS"]}, "other")
+    assert endpoint.accepts(scope) is None
+    tracing.settings.update({}, "other")
+    assert endpoint.accepts(scope) == ("m", None)
+    tracing.settings.update({"trace_level": ["TIMESTAMPS"]})
+    assert endpoint.accepts(scope) is None
+    tracing.settings.update({"trace_level": ["OFF"]})
+    assert endpoint.accepts(scope) == ("m", None)
