@@ -388,3 +388,20 @@ def test_trace_settings_over_grpc(triton_server: tuple[Server, Path]) -> None:
         "value": ["TIMESTAMPS"]
     }
     client.close()
+
+
+def test_triton_mode_with_log_frequency_0_writes_the_file_at_exit(
+    triton_server: tuple[Server, Path],
+) -> None:
+    """The last test of the module: it stops the server."""
+    server, trace_file = triton_server
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=30)
+    assert client.update_trace_settings(settings={"log_frequency": "0"})["log_frequency"] == "0"
+    inputs, _ = _inputs(httpclient)
+    client.infer("traced", inputs, request_id="at-exit")
+    client.close()
+    assert not trace_file.exists()  # kept in memory until the gateway exits
+    assert stop_server(server) == 0, server.log()
+    entries = json.loads(trace_file.read_text())
+    assert [e["request_id"] for e in entries if "model_name" in e] == ["at-exit"]
+    assert [len(e["timestamps"]) for e in entries if "timestamps" in e] == [11]
