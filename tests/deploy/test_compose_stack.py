@@ -2,7 +2,8 @@
 image, driven with tritonclient through its published ports.
 
 Builds the images (layers cached between runs), starts the stack, waits for readiness,
-runs examples/client.py against it (exact match with in-process ONNX Runtime), scales
+runs examples/client.py against it (exact match with in-process ONNX Runtime), runs an
+async job on the job worker service and polls it to SUCCESS, scales
 the digits instances 1 -> 3, SIGKILLs one instance container and scales back to 1 under
 a bounded load that must lose no request, then takes the stack down and finds no
 container, network or volume of it left. Skipped where Docker cannot run.
@@ -45,6 +46,8 @@ pytestmark = pytest.mark.docker
 READY_S = 240.0
 #: longest wait for the instances to reach a count after scaling, in s
 SCALE_S = 120.0
+#: longest wait for an async job to finish, and for the jobs service to be healthy, in s
+JOB_S = 90.0
 #: images per request of the load
 BATCH = 4
 
@@ -213,6 +216,46 @@ def test_client_matches_in_process_onnxruntime(stack: Stack) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "match: exact" in result.stdout, result.stdout
+
+
+def test_an_async_job_runs_on_the_jobs_service(stack: Stack) -> None:
+    """A single job submitted through the published port runs on the ``jobs`` service (the
+    ``sluice`` service starts no job worker) and is polled to SUCCESS with add_sub's
+    outputs; the service's own health check (a Celery ping) says healthy."""
+    base = f"http://127.0.0.1:{stack.http_port}"
+    a = [float(i) for i in range(16)]
+    b = [0.5] * 16
+    body = {
+        "inputs": [
+            {"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": a},
+            {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "data": b},
+        ]
+    }
+    submitted = requests.post(f"{base}/v2/models/add_sub/jobs", json=body, timeout=10)
+    assert submitted.status_code == 202, submitted.text
+    job = submitted.json()
+    assert submitted.headers["location"] == f"/v2/jobs/{job['id']}"
+    deadline = time.monotonic() + JOB_S
+    while job["state"] not in ("SUCCESS", "FAILURE", "REVOKED"):
+        assert time.monotonic() < deadline, f"job still {job['state']}\n{stack.logs()}"
+        time.sleep(0.5)
+        job = requests.get(f"{base}/v2/jobs/{job['id']}", timeout=10).json()
+    assert job["state"] == "SUCCESS", job
+    outputs = {o["name"]: o for o in job["outputs"]}
+    assert outputs["OUTPUT0"]["data"] == [x + y for x, y in zip(a, b, strict=True)]
+    assert outputs["OUTPUT1"]["data"] == [x - y for x, y in zip(a, b, strict=True)]
+    (worker,) = stack.containers("jobs")
+    while (health := _health(worker)) != "healthy":
+        assert time.monotonic() < deadline, f"jobs service {health}\n{stack.logs()}"
+        time.sleep(1)
+
+
+def _health(container: str) -> str:
+    result = subprocess.run(
+        ["docker", "inspect", "--format", "{{.State.Health.Status}}", container],
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    return result.stdout.strip()
 
 
 class Load:
