@@ -37,6 +37,9 @@ class Pipeline:
         self.tokenizer.enable_padding(pad_id=0, pad_token="[PAD]", pad_to_multiple_of=PAD_MULTIPLE)
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
+        # idle threads sleep instead of spinning (as Sluice's ONNX Runtime backend sets
+        # them): spinning threads take CPU from everything else on a small machine
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         providers = ["CPUExecutionProvider"]
         self.encoder = ort.InferenceSession(
             str(repository / "minilm_encoder" / "1" / "model.onnx"), options, providers=providers
