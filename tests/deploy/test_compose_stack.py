@@ -3,7 +3,8 @@ image, driven with tritonclient through its published ports.
 
 Builds the images (layers cached between runs), starts the stack, waits for readiness,
 runs examples/client.py against it (exact match with in-process ONNX Runtime), runs an
-async job on the job worker service and polls it to SUCCESS, scales
+async job on the job worker service and polls it to SUCCESS (Flower, started with the
+flower profile, lists its task), scales
 the digits instances 1 -> 3, SIGKILLs one instance container and scales back to 1 under
 a bounded load that must lose no request, then takes the stack down and finds no
 container, network or volume of it left. Skipped where Docker cannot run.
@@ -128,7 +129,9 @@ def _model_repository(where: Path) -> Path:
 
 
 def _environment(project: str, base: str, repo: Path, bridge: bool) -> dict[str, str]:
-    ports = {name: str(free_port()) for name in ("HTTP_PORT", "GRPC_PORT", "METRICS_PORT")}
+    ports = {
+        name: str(free_port()) for name in ("HTTP_PORT", "GRPC_PORT", "METRICS_PORT", "FLOWER_PORT")
+    }
     env = {
         **os.environ,
         **ports,
@@ -151,6 +154,8 @@ def _environment(project: str, base: str, repo: Path, bridge: bool) -> dict[str,
             "PROXY_HTTP_PORT": ports["HTTP_PORT"],
             "PROXY_GRPC_PORT": ports["GRPC_PORT"],
             "PROXY_METRICS_PORT": ports["METRICS_PORT"],
+            "FLOWER_ADDRESS": "127.0.0.1",
+            "FLOWER_INTERNAL_PORT": ports["FLOWER_PORT"],
             "DNS_SERVER": "127.0.0.1:53",
         }
     return env
@@ -170,6 +175,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             files = ["-f", "docker-compose.yml"]
             if not bridge:
                 files += ["-f", str(Path(__file__).parent / "host-network.yml")]
+            files += ["--profile", "flower"]  # built and started with the rest
             project = f"sluicetest{uuid.uuid4().hex[:8]}"
             env = _environment(project, base, _model_repository(where), bridge)
             stack = Stack(
@@ -221,7 +227,8 @@ def test_client_matches_in_process_onnxruntime(stack: Stack) -> None:
 def test_an_async_job_runs_on_the_jobs_service(stack: Stack) -> None:
     """A single job submitted through the published port runs on the ``jobs`` service (the
     ``sluice`` service starts no job worker) and is polled to SUCCESS with add_sub's
-    outputs; the service's own health check (a Celery ping) says healthy."""
+    outputs; the service's own health check (a Celery ping) says healthy, and Flower
+    lists the job's task."""
     base = f"http://127.0.0.1:{stack.http_port}"
     a = [float(i) for i in range(16)]
     b = [0.5] * 16
@@ -248,6 +255,31 @@ def test_an_async_job_runs_on_the_jobs_service(stack: Stack) -> None:
     while (health := _health(worker)) != "healthy":
         assert time.monotonic() < deadline, f"jobs service {health}\n{stack.logs()}"
         time.sleep(1)
+    _flower_shows(stack, job["id"])
+
+
+def _flower_shows(stack: Stack, job_id: str) -> None:
+    """Flower (profile flower) turns healthy and lists the job's Celery task (the job id
+    is the task id) as SUCCESS, run by a worker of the jobs service."""
+    flower = f"http://127.0.0.1:{stack.env['FLOWER_PORT']}"
+    query = (
+        "draw=1&start=0&length=50&search%5Bvalue%5D=&order%5B0%5D%5Bcolumn%5D=0"
+        "&order%5B0%5D%5Bdir%5D=asc&columns%5B0%5D%5Bdata%5D=name"
+    )
+    deadline = time.monotonic() + JOB_S
+    tasks: dict[str, dict] = {}
+    while tasks.get(job_id, {}).get("state") != "SUCCESS":
+        assert time.monotonic() < deadline, f"Flower shows {tasks}\n{stack.logs()}"
+        time.sleep(1)
+        try:
+            if requests.get(f"{flower}/healthcheck", timeout=5).text != "OK":
+                continue
+            rows = requests.get(f"{flower}/tasks/datatable?{query}", timeout=5).json()["data"]
+        except (requests.RequestException, ValueError):
+            continue
+        tasks = {row["uuid"]: row for row in rows}
+    assert tasks[job_id]["name"] == "sluice.jobs.run"
+    assert tasks[job_id]["worker"].startswith("jobs-"), tasks[job_id]
 
 
 def _health(container: str) -> str:

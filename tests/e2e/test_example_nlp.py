@@ -27,6 +27,8 @@ import tritonclient.http as httpclient
 from e2e_support import ROOT, Server, load_module, start_server, stop_server
 from tritonclient.utils import InferenceServerException
 
+from sluice.broker.redis_server import free_port
+
 pytestmark = pytest.mark.e2e
 
 EXAMPLE = ROOT / "examples" / "nlp"
@@ -108,17 +110,22 @@ def test_embeddings_match_the_model_in_process(
     assert ranking[0][1] > ranking[-1][1] + 0.3
 
 
-def test_client_script_checks_against_the_model(server: Server) -> None:
-    """``client.py --check`` as a user runs it: the ranking printed, exit code 0."""
+def test_client_script_ranks_and_checks(server: Server, client: Any, capsys: Any) -> None:
+    """``client.py`` as a user runs it: as a script, the ranking printed and exit code 0;
+    its ``--check`` (run in this process, where the reference model is loaded already)
+    says OK; a server that is not there is exit code 2."""
     run = subprocess.run(
-        [sys.executable, str(EXAMPLE / "client.py"), "--url", server.http_url, "--check"],
+        [sys.executable, str(EXAMPLE / "client.py"), "--url", server.http_url],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.splitlines()
     assert lines[0] == "query: How do I keep my houseplants alive?"
-    assert "Water succulents" in lines[1]
-    assert lines[-1].startswith("check: OK, lowest cosine")
+    assert len(lines) == 9 and "Water succulents" in lines[1]
+    assert client.main(["--url", server.grpc_url, "--protocol", "grpc", "--check"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].startswith("check: OK, lowest cosine to sentence-transformers in-process")
+    assert client.main(["--url", f"127.0.0.1:{free_port()}"]) == 2
 
 
 def test_concurrent_sentences_batch_in_the_encoder(
