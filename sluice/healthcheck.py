@@ -89,9 +89,16 @@ def check_instance(
 
 def check_jobs(redis_url: str, key_prefix: str, host: str) -> str | None:
     """None when a job worker on ``host`` answers a Celery ping, else why not."""
+    import redis
+
     from sluice.broker.celery_app import job_app
     from sluice.broker.keys import KeySchema
 
+    try:  # fails fast where Celery's connection would retry for seconds
+        with redis.Redis.from_url(redis_url, socket_timeout=CHECK_TIMEOUT_S) as client:
+            client.ping()
+    except redis.exceptions.RedisError as exc:
+        return f"Redis at {redis_url}: {exc}"
     app = job_app(redis_url, KeySchema(key_prefix), results=False)
     try:
         replies = app.control.ping(timeout=CHECK_TIMEOUT_S / 3)

@@ -27,7 +27,8 @@ def test_an_unreachable_redis_is_unhealthy(
     monkeypatch.setenv("SLUICE_REDIS__URL", f"redis://127.0.0.1:{free_port()}/0")
     assert main(["control"]) == 1
     assert main(["instance", "--model", "m"]) == 1
-    assert capsys.readouterr().err.count("unhealthy: Redis at redis://127.0.0.1:") == 2
+    assert main(["jobs"]) == 1
+    assert capsys.readouterr().err.count("unhealthy: Redis at redis://127.0.0.1:") == 3
 
 
 @pytest.mark.integration
