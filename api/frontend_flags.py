@@ -1,4 +1,4 @@
-"""Triton's gRPC, metrics, logging and endpoint-access flags (and Sluice's HTTP read
+"""Triton's gRPC, metrics, logging, trace and endpoint-access flags (and Sluice's HTTP read
 timeout), declared once for ``sluice serve`` and ``gateway``.
 
 ``sluice serve`` forwards the flags it was given to the gateway process verbatim
@@ -15,6 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.api.settings import GatewaySettings
+from sluice.api.trace_flags import (
+    add_trace_arguments,
+    apply_trace_arguments,
+    forward_trace_arguments,
+)
 from sluice.broker.latency_window import parse_quantiles
 from sluice.broker.response_cache import parse_cache_config
 
@@ -224,6 +229,7 @@ def add_frontend_arguments(parser: argparse.ArgumentParser) -> None:
     )
     for flag, _, help_text in _RESTRICT_FLAGS:
         parser.add_argument(flag, action="append", default=None, help=help_text)
+    add_trace_arguments(parser)
 
 
 def forward_frontend_arguments(args: argparse.Namespace, restricted: bool = True) -> list[str]:
@@ -250,7 +256,7 @@ def restricted_arguments(args: argparse.Namespace) -> list[str]:
     for flag, _, _ in _RESTRICT_FLAGS:
         for value in getattr(args, _dest(flag), None) or ():
             argv += [flag, value]
-    return argv
+    return argv + forward_trace_arguments(args)
 
 
 #: environment variable of the gateway setting of each restricted-API flag (JSON list).
@@ -306,5 +312,6 @@ def apply_frontend_arguments(
             "grpc": type(settings.grpc).model_validate(grpc),
             "http": type(settings.http).model_validate(http),
             "metrics": type(settings.metrics).model_validate(metrics),
+            "trace": apply_trace_arguments(settings.trace, args),
         }
     )

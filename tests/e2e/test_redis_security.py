@@ -84,7 +84,8 @@ def test_serve_infers_and_runs_jobs(
         for env_url, code in ((secured.url, 0), (secured.wrong_url, 1)):
             env = dict(os.environ, SLUICE_REDIS__URL=env_url)
             env["SLUICE_REDIS__KEY_PREFIX"] = server.key_prefix
-            for check in (["control"], ["instance", "--model", "add_sub", "--instance", instance]):
+            instance_check = ["instance", "--model", "add_sub", "--instance", instance]
+            for check in (["control"], instance_check, ["jobs"]):
                 done = subprocess.run(
                     [sys.executable, "-m", "sluice.healthcheck", *check],
                     env=env,
