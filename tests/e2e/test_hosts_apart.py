@@ -435,3 +435,38 @@ def test_membership_join_and_leave(deployment: Deployment) -> None:
     assert {o.who for o in answered} == {"in1", "in2", "in3"}
     claimed = [o for o in answered if o.done - o.sent > 2.0]
     check_statistics_add_up(deployment, len(answered), reruns=len(claimed))
+
+
+def test_redis_host_cut_under_load(deployment: Deployment) -> None:
+    """The Redis host cut off for a few seconds and back, under load: both gateways
+    answer not ready (400) within the health deadline while they cannot reach it and
+    ready again after; every request, those sent during the cut included, is answered
+    once and correctly (the packets wait; no connection is refused or reset)."""
+    net = deployment.net
+    gw1, gw2 = deployment.host("gw1"), deployment.host("gw2")
+    with Load([gw1, gw2]) as load:
+        start = time.monotonic()
+        _until(lambda: load.answered_by("in1", start) and load.answered_by("in2", start),
+               20, "both instance hosts used")  # fmt: skip
+        net.cut(deployment.host("redis"))
+        cut_at = time.monotonic()
+        for gateway in (gw1, gw2):
+            _until(lambda g=gateway: ready_status(g) == 400, 5, f"{gateway.name} not ready")
+        time.sleep(max(0.0, cut_at + 4.0 - time.monotonic()))
+        net.restore(deployment.host("redis"))
+        restored_at = time.monotonic()
+        for gateway in (gw1, gw2):
+            _until(lambda g=gateway: ready_status(g) == 200, 20, f"{gateway.name} ready again")
+        back_at = time.monotonic()
+        _until(lambda: load.answered_by("in1", back_at) and load.answered_by("in2", back_at),
+               20, "both instance hosts used again")  # fmt: skip
+    outcomes = load.snapshot()
+    answered = check_answers(outcomes)
+    assert len(answered) == len(outcomes), [o for o in outcomes if o.error][:5]
+    held = [o for o in answered if o.sent < restored_at < o.done]
+    assert held, "no request waited across the cut"
+    print(
+        f"{len(answered)} answered, {len(held)} across the Redis cut; ready again "
+        f"{back_at - restored_at:.1f} s after the restore"
+    )
+    check_statistics_add_up(deployment, len(answered), reruns=0)
