@@ -14,19 +14,20 @@ each count of ``--instances`` (membership: a worker that joins takes work with n
 coordinator) and measures each step; then it stops instances (SIGTERM) down to
 ``--gateway-instances`` and adds gateways to reach each count of ``--gateways``.
 
-Each step is a closed loop of ``--per-instance`` × instances keep-alive HTTP
-connections (spread over the gateways) sending batch-1 binary requests for
-``--seconds`` after ``--warmup`` s: requests/s, p50, p99, the share of the ideal rate
-(``instances × 1000 / sleep-ms`` × the batch the connections can fill), the efficiency
-(``rate / (instances × rate at 1 instance)``; the marginal one per added instance too),
-Redis commands per request (``INFO commandstats`` deltas, with the four most called),
-Redis CPU per request (``INFO cpu`` user + sys deltas) and how busy Redis and the
+Each step (the median of ``--repeats`` windows) is a closed loop of
+``--per-instance`` × instances keep-alive HTTP connections (spread over the gateways)
+sending batch-1 binary requests for ``--seconds`` after ``--warmup`` s: requests/s,
+p50, p99, the share of the ideal rate (instances × 1000 / sleep-ms × the batch the
+connections can fill), the efficiency (rate / (instances × rate at 1 instance); the
+marginal one per added instance too), Redis commands per request and the time inside
+them (``INFO commandstats`` calls and usec deltas, with the four most called), Redis CPU
+per request (``INFO cpu`` user + sys deltas) and how busy Redis and the
 machine were. The Redis figures are net of what Redis does unloaded (heartbeats,
 blocked reads that time out, its own timers), measured for ``--idle`` s before each
 step and subtracted at its rate. The load generator is asyncio over raw sockets, so it
-costs little CPU beside the servers. From the busiest step it prints the sizing rule: requests per
-second one Redis core carries at that cost, and how many instances of this model that
-feeds. Nothing is asserted; every wait is bounded. Exit code 0, or 2 when a process
+costs little CPU beside the servers. From the busiest step it prints the sizing rule:
+requests per second one Redis core carries at that cost, and how many instances of this
+model that feeds. Nothing is asserted; every wait is bounded. Exit code 0, or 2 when a process
 does not start.
 """
 
@@ -51,6 +52,8 @@ import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "sleeper"
+#: pseudo command name of the command time total in :meth:`RedisCounters.read`
+USEC = "(usec)"
 
 MODEL_PY = """
 import json
@@ -173,6 +176,8 @@ class RedisCounters:
     def read(self) -> tuple[dict[str, int], float]:
         stats = self._client.info("commandstats")
         calls = {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+        # time inside the commands (without reading and writing the sockets), µs
+        calls[USEC] = sum(int(v["usec"]) for v in stats.values())
         cpu = self._client.info("cpu")
         return calls, float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
 
@@ -195,6 +200,7 @@ class Step:
     p99_ms: float
     errors: int
     commands_per_request: float
+    command_us: float
     top_commands: str
     redis_cpu_us: float
     redis_busy: float
@@ -313,6 +319,7 @@ def measure(deployment: Deployment, args: argparse.Namespace) -> Step:
         for name in calls1
     }
     deltas.pop("info", None)  # this script's own
+    usec = deltas.pop(USEC)
     idle_cpu_s = (idle_cpu1 - idle_cpu0) / idle_s * elapsed
     sent = window.answered + window.errors
     # Redis counters cover the warm-up too: scale by the requests of the whole run
@@ -327,11 +334,19 @@ def measure(deployment: Deployment, args: argparse.Namespace) -> Step:
         p99_ms=float(np.percentile(latencies, 99)) if len(latencies) else float("nan"),
         errors=window.errors,
         commands_per_request=sum(deltas.values()) / whole,
+        command_us=usec / whole,
         top_commands=" ".join(f"{k}:{v / whole:.2f}" for k, v in top),
         redis_cpu_us=(cpu1 - cpu0 - idle_cpu_s) / whole * 1e6,
         redis_busy=(cpu1 - cpu0) / elapsed,
         machine_busy=(busy1 - busy0) / max(1, total1 - total0),
     )
+
+
+def measure_median(deployment: Deployment, args: argparse.Namespace) -> Step:
+    """The window of median rate of ``--repeats`` windows (a machine shared with other
+    work can stall one window; the median ignores it)."""
+    steps = sorted((measure(deployment, args) for _ in range(args.repeats)), key=lambda s: s.rate)
+    return steps[len(steps) // 2]
 
 
 def report(steps: list[Step], args: argparse.Namespace) -> None:
@@ -343,9 +358,10 @@ def report(steps: list[Step], args: argparse.Namespace) -> None:
     )
     print(
         "| instances | gateways | infer/s | p50 ms | p99 ms | of ideal | efficiency | marginal "
-        "| Redis cmds/req | Redis CPU µs/req | Redis busy (all) | machine busy | most called |"
+        "| Redis cmds/req | in commands µs/req | Redis CPU µs/req | Redis busy (all) "
+        "| machine busy | most called |"
     )
-    print("| ---: " * 12 + "| --- |")
+    print("| ---: " * 13 + "| --- |")
     previous: Step | None = None
     for step in steps:
         efficiency = step.rate / (step.instances * base) if base else float("nan")
@@ -358,7 +374,7 @@ def report(steps: list[Step], args: argparse.Namespace) -> None:
             f"| {step.instances} | {step.gateways} | {step.rate:.0f} | {step.p50_ms:.1f} "
             f"| {step.p99_ms:.1f} | {step.rate / (step.instances * ideal):.2f} "
             f"| {efficiency:.2f} | {marginal:.2f} "
-            f"| {step.commands_per_request:.1f} | {step.redis_cpu_us:.0f} "
+            f"| {step.commands_per_request:.1f} | {step.command_us:.0f} | {step.redis_cpu_us:.0f} "
             f"| {step.redis_busy:.0%} | {step.machine_busy:.0%} | {step.top_commands} |"
         )
         if step.errors:
@@ -423,6 +439,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--per-instance", type=int, default=2, help="connections per instance (closed loop)"
     )
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="windows per step; the median one is reported"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the logs folder")
     args = parser.parse_args(argv)
     # each connection keeps one request queued while one runs: batches fill to at most
@@ -438,13 +457,13 @@ def main(argv: list[str] | None = None) -> int:
         deployment.add_gateway()
         for count in sorted(set(args.instances)):
             deployment.scale_instances(count)
-            steps.append(measure(deployment, args))
+            steps.append(measure_median(deployment, args))
             print(f"measured {count} instance(s), 1 gateway: {steps[-1].rate:.0f}/s", flush=True)
         deployment.scale_instances(args.gateway_instances)
         for count in sorted(set(args.gateways)):
             while len(deployment.gateway_ports) < count:
                 deployment.add_gateway()
-            steps.append(measure(deployment, args))
+            steps.append(measure_median(deployment, args))
             print(f"measured {count} gateway(s): {steps[-1].rate:.0f}/s", flush=True)
     except RuntimeError as exc:
         print(f"error: {exc} (logs in {work})", file=sys.stderr)
