@@ -19,9 +19,10 @@ Each step (the median of ``--repeats`` windows) is a closed loop of
 sending batch-1 binary requests for ``--seconds`` after ``--warmup`` s: requests/s,
 p50, p99, the share of the ideal rate (instances × 1000 / sleep-ms × the batch the
 connections can fill), the efficiency (rate / (instances × rate at 1 instance); the
-marginal one per added instance too), Redis commands per request and the time inside
-them (``INFO commandstats`` calls and usec deltas, with the four most called), Redis CPU
-per request (``INFO cpu`` user + sys deltas) and how busy Redis and the
+marginal one per added instance too), Redis commands per request (``INFO commandstats``
+deltas, with the four most called), Redis CPU per request (``INFO cpu`` user + sys
+deltas), the gateways' and the instances' CPU per request (their process trees,
+heartbeat processes included) and how busy Redis and the
 machine were. The Redis figures are net of what Redis does unloaded (heartbeats,
 blocked reads that time out, its own timers), measured for ``--idle`` s before each
 step and subtracted at its rate. The load generator is asyncio over raw sockets, so it
@@ -50,10 +51,12 @@ from pathlib import Path
 import numpy as np
 import redis
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_anchors import proc_table
+
 ROOT = Path(__file__).resolve().parent.parent
+TICK_US = 1e6 / os.sysconf("SC_CLK_TCK")
 MODEL = "sleeper"
-#: pseudo command name of the command time total in :meth:`RedisCounters.read`
-USEC = "(usec)"
 
 MODEL_PY = """
 import json
@@ -176,10 +179,21 @@ class RedisCounters:
     def read(self) -> tuple[dict[str, int], float]:
         stats = self._client.info("commandstats")
         calls = {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
-        # time inside the commands (without reading and writing the sockets), µs
-        calls[USEC] = sum(int(v["usec"]) for v in stats.values())
         cpu = self._client.info("cpu")
         return calls, float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
+
+
+def tree_ticks(table: dict[int, tuple[str, int, int]], roots: list[int]) -> int:
+    """utime + stime (clock ticks) of ``roots`` and all their descendants in ``table``
+    (:func:`bench_anchors.proc_table`): an instance's heartbeat process counts as its."""
+    members, grown = set(roots), True
+    while grown:
+        grown = False
+        for pid, (_, parent, _) in table.items():
+            if parent in members and pid not in members:
+                members.add(pid)
+                grown = True
+    return sum(table[pid][2] for pid in members if pid in table)
 
 
 def machine_busy() -> tuple[int, int]:
@@ -200,11 +214,12 @@ class Step:
     p99_ms: float
     errors: int
     commands_per_request: float
-    command_us: float
     top_commands: str
     redis_cpu_us: float
     redis_busy: float
     machine_busy: float
+    gateway_cpu_us: float
+    instance_cpu_us: float
 
 
 class Deployment:
@@ -219,6 +234,7 @@ class Deployment:
         self.processes: list[subprocess.Popen[bytes]] = []
         self.workers: list[subprocess.Popen[bytes]] = []
         self.gateway_ports: list[int] = []
+        self.gateways: list[subprocess.Popen[bytes]] = []
 
     def _spawn(self, argv: list[str], log: str) -> subprocess.Popen[bytes]:
         with (self.work / log).open("ab") as out:
@@ -259,6 +275,7 @@ class Deployment:
              "--key-prefix", self.prefix],
             f"gateway{len(self.gateway_ports)}.log",
         )  # fmt: skip
+        self.gateways.append(self.processes[-1])
         _until(lambda: _http_status(http, "/v2/health/live") == 200, 120, "a gateway answers")
         self.gateway_ports.append(http)
 
@@ -306,11 +323,17 @@ def measure(deployment: Deployment, args: argparse.Namespace) -> Step:
     idle_s = args.idle
     calls0, cpu0 = counters.read()
     busy0, total0 = machine_busy()
+    gateway_pids = [p.pid for p in deployment.gateways]
+    worker_pids = [p.pid for p in deployment.workers]
+    table0 = proc_table()
     started = time.monotonic()
     window = closed_loop(ports, args.per_instance * instances, args.warmup, args.seconds)
     elapsed = time.monotonic() - started
     calls1, cpu1 = counters.read()
     busy1, total1 = machine_busy()
+    table1 = proc_table()
+    gateway_ticks = tree_ticks(table1, gateway_pids) - tree_ticks(table0, gateway_pids)
+    worker_ticks = tree_ticks(table1, worker_pids) - tree_ticks(table0, worker_pids)
     idle_rate = {
         name: (idle_calls1[name] - idle_calls0.get(name, 0)) / idle_s for name in idle_calls1
     }
@@ -319,7 +342,6 @@ def measure(deployment: Deployment, args: argparse.Namespace) -> Step:
         for name in calls1
     }
     deltas.pop("info", None)  # this script's own
-    usec = deltas.pop(USEC)
     idle_cpu_s = (idle_cpu1 - idle_cpu0) / idle_s * elapsed
     sent = window.answered + window.errors
     # Redis counters cover the warm-up too: scale by the requests of the whole run
@@ -334,11 +356,12 @@ def measure(deployment: Deployment, args: argparse.Namespace) -> Step:
         p99_ms=float(np.percentile(latencies, 99)) if len(latencies) else float("nan"),
         errors=window.errors,
         commands_per_request=sum(deltas.values()) / whole,
-        command_us=usec / whole,
         top_commands=" ".join(f"{k}:{v / whole:.2f}" for k, v in top),
         redis_cpu_us=(cpu1 - cpu0 - idle_cpu_s) / whole * 1e6,
         redis_busy=(cpu1 - cpu0) / elapsed,
         machine_busy=(busy1 - busy0) / max(1, total1 - total0),
+        gateway_cpu_us=gateway_ticks * TICK_US / whole,
+        instance_cpu_us=worker_ticks * TICK_US / whole,
     )
 
 
@@ -358,10 +381,10 @@ def report(steps: list[Step], args: argparse.Namespace) -> None:
     )
     print(
         "| instances | gateways | infer/s | p50 ms | p99 ms | of ideal | efficiency | marginal "
-        "| Redis cmds/req | in commands µs/req | Redis CPU µs/req | Redis busy (all) "
-        "| machine busy | most called |"
+        "| Redis cmds/req | Redis CPU µs/req | Redis busy (all) "
+        "| gateway CPU µs/req | instance CPU µs/req | machine busy | most called |"
     )
-    print("| ---: " * 13 + "| --- |")
+    print("| ---: " * 14 + "| --- |")
     previous: Step | None = None
     for step in steps:
         efficiency = step.rate / (step.instances * base) if base else float("nan")
@@ -374,8 +397,9 @@ def report(steps: list[Step], args: argparse.Namespace) -> None:
             f"| {step.instances} | {step.gateways} | {step.rate:.0f} | {step.p50_ms:.1f} "
             f"| {step.p99_ms:.1f} | {step.rate / (step.instances * ideal):.2f} "
             f"| {efficiency:.2f} | {marginal:.2f} "
-            f"| {step.commands_per_request:.1f} | {step.command_us:.0f} | {step.redis_cpu_us:.0f} "
-            f"| {step.redis_busy:.0%} | {step.machine_busy:.0%} | {step.top_commands} |"
+            f"| {step.commands_per_request:.1f} | {step.redis_cpu_us:.0f} "
+            f"| {step.redis_busy:.0%} | {step.gateway_cpu_us:.0f} | {step.instance_cpu_us:.0f} "
+            f"| {step.machine_busy:.0%} | {step.top_commands} |"
         )
         if step.errors:
             print(f"  ({step.errors} errors in that window)")
