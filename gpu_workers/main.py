@@ -25,6 +25,7 @@ import redis
 from google.protobuf import json_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
+from sluice.broker.clock import check_clock
 from sluice.broker.consumer import StreamConsumer
 from sluice.broker.deadline import exit_deadline
 from sluice.broker.keys import KeySchema
@@ -119,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         args.redis_url, protocol=2, socket_timeout=30, health_check_interval=10
     )
     store = ModelStore(client, keys)
+    check_clock(client, logger)
 
     def report(state: InstanceState, reason: str = "") -> None:
         store.set_instance(
