@@ -78,9 +78,10 @@ def skew_warning(offset_s: float, logger: logging.Logger) -> bool:
 
 
 def check_clock(client: redis.Redis, logger: logging.Logger) -> None:
-    """:func:`skew_warning` of :func:`clock_offset_s`; a Redis that does not answer is
-    left to the caller's own first command."""
-    with contextlib.suppress(redis.exceptions.RedisError):
+    """:func:`skew_warning` of :func:`clock_offset_s`; a Redis that does not answer (or
+    answers ``TIME`` with something else than seconds and µs) is left to the caller's own
+    first command."""
+    with contextlib.suppress(redis.exceptions.RedisError, TypeError, ValueError):
         skew_warning(clock_offset_s(client), logger)
 
 
@@ -89,6 +90,6 @@ async def check_clock_async(
 ) -> None:
     """:func:`check_clock` for an asyncio client, given up after ``timeout_s`` (a gateway
     starts, not ready, while Redis does not answer)."""
-    with contextlib.suppress(redis.exceptions.RedisError, TimeoutError):
+    with contextlib.suppress(redis.exceptions.RedisError, TimeoutError, TypeError, ValueError):
         async with asyncio.timeout(timeout_s):
             skew_warning(await clock_offset_s_async(client), logger)

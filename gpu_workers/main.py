@@ -26,6 +26,7 @@ from google.protobuf import json_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 from sluice.broker.clock import check_clock
+from sluice.broker.cluster import sync_client
 from sluice.broker.consumer import StreamConsumer
 from sluice.broker.deadline import exit_deadline
 from sluice.broker.keys import KeySchema
@@ -116,9 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging(f"worker {args.instance}", LogOptions.from_env(verbose=args.log_verbose))
     keys = KeySchema(args.key_prefix)
-    client = redis.Redis.from_url(
-        args.redis_url, protocol=2, socket_timeout=30, health_check_interval=10
-    )
+    client = sync_client(args.redis_url, protocol=2, socket_timeout=30, health_check_interval=10)
     store = ModelStore(client, keys)
     check_clock(client, logger)
 
