@@ -25,6 +25,7 @@ from sluice.api.log_settings import LogSettings
 from sluice.api.models import ModelRegistry
 from sluice.api.response_cache import ResponseCache
 from sluice.api.settings import GatewaySettings
+from sluice.api.shared_memory import SharedMemoryRegistry
 from sluice.broker.keys import KeySchema
 from sluice.broker.multiplex import MultiplexedConnection
 from sluice.broker.replies import ReplyRouter
@@ -52,6 +53,7 @@ class DataPlane:
         jobs: async jobs (accept, look up, cancel, list).
         queue: the model versions' request queues (cancellation, the exit's clean-up).
         log_settings: the logging extension's settings.
+        shared_memory: the client shared-memory regions registered with this process.
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class DataPlane:
         keys = KeySchema(settings.redis.key_prefix)
         self.shutdown = Shutdown()
         self.log_settings = LogSettings.from_options(settings.log_options())
+        self.shared_memory = SharedMemoryRegistry()
         self.health = Health(settings, registry, self.shutdown)
         self.metadata = Metadata(settings, registry)
         self.repository = RepositoryControl(settings, client, keys, registry, router)

@@ -1,22 +1,19 @@
 """Server metadata, model metadata and model configuration; the extensions served and
-the two that are refused (trace, shared memory).
+the ones answered without being implemented.
 
 Shapes: docs/reference/http-protocol.md (Server and model metadata, Model
 configuration JSON, Trace and shared memory); Triton ``src/http_server.cc``
 (``HandleServerMetadata``, ``HandleModelMetadata``, ``HandleModelConfig``).
 
-Two of Triton's extensions are answered without being implemented, over HTTP and
-gRPC alike, and left out of the server metadata's ``extensions`` (only what is
-implemented is advertised):
+Only what is implemented is advertised in the server metadata's ``extensions``. Two of
+Triton's extensions are answered without being implemented, over HTTP and gRPC alike:
 
 * trace (``/v2/trace/setting``, ``/v2/models/{m}/trace/setting``, gRPC
   ``TraceSetting``): refused with :data:`TRACE_UNSUPPORTED` (UNSUPPORTED: HTTP 501, gRPC
   UNIMPLEMENTED), not with the 404 of a route that does not exist;
-* shared memory (``/v2/systemsharedmemory``, ``/v2/cudasharedmemory``, the gRPC
-  ``*SharedMemory*`` calls): answered as Triton with client shared memory off (its
-  default unless started with ``--allow-client-shm=true``). No region is ever
-  registered, so status answers an empty list (HTTP) or map (gRPC), unregister succeeds
-  with nothing to do, and register is refused with :data:`SHM_DISABLED` (UNSUPPORTED).
+* CUDA shared memory (``/v2/cudasharedmemory``, gRPC ``CudaSharedMemory*``): answered
+  as a Triton built without GPU support answers (:mod:`api.shared_memory`). System
+  shared memory is implemented (``system_shared_memory``).
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ from typing import Any
 from sluice.api.models import ModelRegistry, ModelView
 from sluice.api.settings import GatewaySettings
 
-__all__ = ["EXTENSIONS", "SHM_DISABLED", "TRACE_UNSUPPORTED", "Metadata"]
+__all__ = ["EXTENSIONS", "TRACE_UNSUPPORTED", "Metadata"]
 
 #: extensions this server implements, in Triton's order.
 EXTENSIONS = (
@@ -37,6 +34,7 @@ EXTENSIONS = (
     "model_repository(unload_dependents)",  # ensembles unload with their steps
     "schedule_policy",  # the request parameters priority and timeout
     "model_configuration",
+    "system_shared_memory",  # client regions of the gateway's host (api.shared_memory)
     "binary_tensor_data",
     "parameters",
     "statistics",
@@ -44,10 +42,6 @@ EXTENSIONS = (
 )
 
 TRACE_UNSUPPORTED = "trace is not supported by this server"
-
-SHM_DISABLED = (
-    "Client shared memory is disabled: this server does not implement the shared-memory extension"
-)
 
 
 class Metadata:

@@ -30,6 +30,8 @@ from sluice.api.http.header_cache import CachedHeader, HeaderCache
 from sluice.api.http.infer_request import HttpInferRequest, parse_infer_request
 from sluice.api.http.infer_response import encode_infer_response
 from sluice.api.models import ModelView
+from sluice.api.shared_memory import RegionSlice, SharedMemoryRegistry
+from sluice.api.shm_tensors import read_inputs, resolve_outputs
 from sluice.broker.errors import SluiceError, invalid_arg
 from sluice.broker.messages import InferResponseMessage
 from sluice.broker.outage import OutageLog
@@ -133,6 +135,7 @@ def parse_body(
 
 def _submit(
     sub: Submission,
+    registry: SharedMemoryRegistry,
     request_id: str,
     view: ModelView,
     resolved: int,
@@ -140,22 +143,31 @@ def _submit(
     parsed: HttpInferRequest,
     kept: CachedHeader | None = None,
     waited_ns: int = 0,
-) -> asyncio.Future[InferResponseMessage]:
-    """Validate and queue a parsed request (:meth:`Submission.submit`); a refusal is
-    logged with the request's ids. A request of a kept header that passed the checks
-    of this same model view is not checked again; one that passes marks it so.
+) -> tuple[asyncio.Future[InferResponseMessage], dict[str, RegionSlice]]:
+    """Validate and queue a parsed request (:meth:`Submission.submit`), its inputs in
+    client shared memory read from their regions first; a refusal is logged with the
+    request's ids. A request of a kept header that passed the checks of this same model
+    view is not checked again; one that passes marks it so.
+
+    Returns:
+        The response future, and where each output in shared memory goes.
 
     Raises:
-        SluiceError: as :meth:`Submission.submit`.
+        SluiceError: as :meth:`Submission.submit`, or for a region that is not
+            registered or too small (:func:`api.shm_tensors.read_inputs`).
     """
     checked = kept is not None and kept.checked_view is view
+    inputs, targets = parsed.inputs, {}
     try:
+        if parsed.shm is not None:
+            inputs = read_inputs(registry, parsed.inputs, parsed.shm.inputs)
+            targets = resolve_outputs(registry, parsed.shm.outputs)
         future = sub.submit(
             request_id,
             view,
             resolved,
             parsed.client_id,
-            parsed.inputs,
+            inputs,
             parsed.outputs,
             parsed.parameters,
             checked=checked,
@@ -166,13 +178,17 @@ def _submit(
         raise
     if kept is not None and not checked and kept.checkable:
         kept.checked_view = view
-    return future
+    return future, targets
 
 
 def _encode(
-    result: InferResult, parsed: HttpInferRequest, headers: Mapping[bytes, bytes]
+    result: InferResult,
+    parsed: HttpInferRequest,
+    headers: Mapping[bytes, bytes],
+    targets: Mapping[str, RegionSlice],
 ) -> tuple[bytes, dict[str, str]]:
-    """The response body and headers of a result (compressed when the client asks)."""
+    """The response body and headers of a result (compressed when the client asks);
+    outputs in ``targets`` are written into client shared memory."""
     content, out_headers = encode_infer_response(
         model=result.model,
         version=str(result.version),
@@ -181,6 +197,7 @@ def _encode(
         requested=parsed.outputs,
         binary_data_output=parsed.binary_data_output,
         parameters=result.parameters,
+        shm_outputs=targets,
     )
     accept = headers.get(b"accept-encoding")
     chosen = negotiate_encoding(accept.decode("latin-1")) if accept else None
@@ -192,6 +209,7 @@ def _encode(
 
 async def handle_infer(
     sub: Submission,
+    registry: SharedMemoryRegistry,
     max_body_bytes: int,
     request_id: str,
     model: str,
@@ -218,14 +236,16 @@ async def handle_infer(
     except SluiceError as exc:  # refused before it had ids: one verbose line
         sub.log_failure(request_id, "", model, version, exc)
         raise
-    future = _submit(sub, request_id, view, resolved, version, parsed, waited_ns=waited_ns)
+    future, targets = _submit(
+        sub, registry, request_id, view, resolved, version, parsed, waited_ns=waited_ns
+    )
     scope[REPLY_SCOPE_KEY] = future
     try:
         result = sub.result(model, parsed.client_id, await future)
     except SluiceError as exc:
         sub.log_failure(request_id, parsed.client_id, model, version, exc)
         raise
-    return _encode(result, parsed, headers)
+    return _encode(result, parsed, headers, targets)
 
 
 def _error_body(message: str) -> bytes:
@@ -264,6 +284,8 @@ class InferEndpoint:
     def __init__(self, app: ASGIApp, dataplane: DataPlane) -> None:
         self.app = app
         self.submission = dataplane.submission
+        #: the client shared-memory regions of this gateway process
+        self.shared_memory = dataplane.shared_memory
         #: the largest accepted request body, in bytes
         self.max_body_bytes = dataplane.settings.http.max_body_bytes
         #: the task-free path's parsed binary-request headers
@@ -282,7 +304,14 @@ class InferEndpoint:
         request_id = self.submission.next_request_id()
         try:
             body, out = await handle_infer(
-                self.submission, self.max_body_bytes, request_id, model, version, scope, receive
+                self.submission,
+                self.shared_memory,
+                self.max_body_bytes,
+                request_id,
+                model,
+                version,
+                scope,
+                receive,
             )
             await _respond(send, 200, body, out)
         except (Exception, asyncio.CancelledError) as exc:
@@ -339,14 +368,18 @@ class InferEndpoint:
             except SluiceError as exc:  # refused before it had ids: one verbose line
                 sub.log_failure(request_id, "", model, version, exc)
                 raise
-            future = _submit(sub, request_id, cached[0], cached[1], version, parsed, kept)
+            future, targets = _submit(
+                sub, self.shared_memory, request_id, cached[0], cached[1], version, parsed, kept
+            )
         except Exception as exc:
             status, content = _failure(exc, model)
             write_response(cycle, status, content, _JSON)
             return True
         scope[REPLY_SCOPE_KEY] = future
         future.add_done_callback(
-            functools.partial(self._answered, cycle, request_id, model, version, parsed, headers)
+            functools.partial(
+                self._answered, cycle, request_id, model, version, parsed, headers, targets
+            )
         )
         return True
 
@@ -358,12 +391,13 @@ class InferEndpoint:
         version: int | None,
         parsed: HttpInferRequest,
         headers: Mapping[bytes, bytes],
+        targets: Mapping[str, RegionSlice],
         future: asyncio.Future[InferResponseMessage],
     ) -> None:
         sub = self.submission
         try:
             result = sub.result(model, parsed.client_id, future.result())
-            content, out = _encode(result, parsed, headers)
+            content, out = _encode(result, parsed, headers, targets)
             status = 200
             _OUTAGE.ok()  # an answer came through Redis: an outage logged is over
         except (Exception, asyncio.CancelledError) as exc:  # cancelled: the server exits
