@@ -115,7 +115,8 @@ class BinaryLayout:
 
     Attributes:
         request: the parsed request with empty input data.
-        sizes: each input's ``binary_data_size``, in bytes, in request order.
+        sizes: each input's ``binary_data_size``, in bytes, in request order (0 for an
+            input in shared memory).
         body_length: the whole body's length, in bytes (header and every input's data).
     """
 
@@ -334,7 +335,7 @@ def _parse_inputs(
 ) -> tuple[tuple[WireTensor, ...], tuple[int, ...] | None]:
     """Read every input; binary ones take consecutive chunks after the JSON, those in
     shared memory get empty data and their place in ``shm``. Also returns each input's
-    ``binary_data_size`` when every input is binary, else None."""
+    ``binary_data_size`` (0 in shared memory) when no input is JSON, else None."""
     if not isinstance(raw, list):
         raise invalid_arg(
             f"Unable to parse 'inputs' for model '{model}': expected a JSON array", model=model
@@ -376,7 +377,9 @@ def _parse_inputs(
             )
         if has_shm:
             shm[name] = http_shm_ref(params, name, model, "input")  # type: ignore[assignment]
-            data, sizes = b"", None
+            data = b""  # read from its region later; no bytes in the body (a layout's 0)
+            if sizes is not None:
+                sizes.append(0)
         elif has_binary:
             size = params["binary_data_size"]
             if not is_uint(size):

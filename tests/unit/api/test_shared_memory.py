@@ -287,3 +287,23 @@ def test_http_parameter_types_refused() -> None:
         "Unable to parse 'shared_memory_byte_size' for input 'A' of model 'm': attempt to "
         "access JSON non-unsigned-integer as unsigned-integer"
     )
+
+
+def test_header_cache_keeps_shared_memory_headers(key: str) -> None:
+    """perf_analyzer sends the same header every time: the second request is built from
+    the kept layout, and its input is read from the region again (new bytes there)."""
+    from sluice.api.http.header_cache import HeaderCache
+
+    inputs, outputs = _tensors(httpclient)
+    body, length = http_request(inputs=inputs, outputs=outputs, custom_parameters=None, **_common())
+    cache = HeaderCache()
+    first, kept_first = cache.parse(body, length, model="m")
+    second, kept = cache.parse(body, length, model="m")
+    assert kept is not None and kept is kept_first
+    assert second.shm == first.shm
+    assert [t.data for t in second.inputs] == [b"", np.ones(4, dtype=np.float32).tobytes()]
+    registry = SharedMemoryRegistry()
+    registry.register_system("in", key, 0, 64)
+    assert read_inputs(registry, second.inputs, second.shm.inputs)[0].data == bytes(range(32, 48))
+    (SHM_ROOT / key[1:]).write_bytes(b"\xff" * 64)
+    assert read_inputs(registry, second.inputs, second.shm.inputs)[0].data == b"\xff" * 16
