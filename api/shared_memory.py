@@ -172,13 +172,14 @@ class SharedMemoryRegistry:
             self._system.clear()
 
     def system_status(self, name: str = "") -> list[dict[str, Any]]:
-        """Every region (``""``) or the one named, as the status endpoints list them.
+        """Every region (``""``, by name as Triton's ordered map lists them) or the one
+        named, as the status endpoints list them.
 
         Raises:
             SluiceError: NOT_FOUND for a name not registered.
         """
         if not name:
-            return [region.status() for region in self._system.values()]
+            return [self._system[n].status() for n in sorted(self._system)]
         region = self._system.get(name)
         if region is None:
             raise SluiceError(

@@ -359,3 +359,25 @@ def test_server_advertises_system_shared_memory(http_client: Any, grpc_client: A
     assert "system_shared_memory" in http_client.get_server_metadata()["extensions"]
     assert "system_shared_memory" in grpc_client.get_server_metadata().extensions
     assert "cuda_shared_memory" not in http_client.get_server_metadata()["extensions"]
+
+
+def test_async_job_cannot_use_shared_memory(server: Any) -> None:
+    """A job runs later, elsewhere: a tensor that names a region is refused at submit."""
+    tensor = {"name": "INPUT0", "datatype": "FP32", "shape": [1, 16]}
+    region = {"shared_memory_region": "r", "shared_memory_byte_size": 64}
+    body = {
+        "inputs": [
+            {**tensor, "parameters": region},
+            {**tensor, "name": "INPUT1", "data": [0.0] * 16},
+        ]
+    }
+    answer = requests.post(
+        f"http://{server.http_url}/v2/models/add_sub/jobs", json=body, timeout=30
+    )
+    assert (answer.status_code, answer.json()) == (
+        501,
+        {
+            "error": "input 'INPUT0' of model 'add_sub': shared memory cannot be used by an "
+            "async job"
+        },
+    )

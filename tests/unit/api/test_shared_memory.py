@@ -47,8 +47,8 @@ def _error(call: object, *args: object) -> SluiceError:
 
 def test_register_status_unregister(key: str) -> None:
     registry = SharedMemoryRegistry()
-    registry.register_system("a", key, 4097, 100)
     registry.register_system("b", key.lstrip("/"), 0, 10000)  # shm_open's key without "/"
+    registry.register_system("a", key, 4097, 100)  # status lists regions by name
     assert registry.system_status() == [
         {"name": "a", "key": key, "offset": 4097, "byte_size": 100},
         {"name": "b", "key": key.lstrip("/"), "offset": 0, "byte_size": 10000},
