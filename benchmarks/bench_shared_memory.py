@@ -60,6 +60,7 @@ def run_perf_analyzer(
     shared_memory: str,
     interval_ms: int,
     trials: int,
+    extra: list[str] | None = None,
 ) -> Measurement:
     """One perf_analyzer run at one concurrency, killed after ``trials`` windows + 60 s.
 
@@ -73,7 +74,7 @@ def run_perf_analyzer(
             str(binary), "-m", model, "-u", url, "-i", protocol, "-b", str(batch),
             "--concurrency-range", f"{concurrency}:{concurrency}",
             "--shared-memory", shared_memory, "-p", str(interval_ms),
-            "--max-trials", str(trials), "-s", "1000", "-f", str(report),
+            "--max-trials", str(trials), "-s", "1000", "-f", str(report), *(extra or []),
         ]  # fmt: skip
         done = subprocess.run(
             command,
@@ -102,6 +103,14 @@ def _median(runs: list[Measurement]) -> Measurement:
     )
 
 
+def _extra(args: argparse.Namespace) -> list[str]:
+    """perf_analyzer arguments for ``--shape`` and ``--output-shm-size``."""
+    extra = [f"--shape={shape}" for shape in args.shape]
+    if args.output_shm_size:
+        extra.append(f"--output-shared-memory-size={args.output_shm_size}")
+    return extra
+
+
 def measure(args: argparse.Namespace, protocol: str, concurrency: int, mode: str) -> Measurement:
     """One perf_analyzer run (again once if it fails), with the server's CPU per request
     when ``args.server_pid`` is set.
@@ -116,7 +125,7 @@ def measure(args: argparse.Namespace, protocol: str, concurrency: int, mode: str
         try:
             result = run_perf_analyzer(
                 args.perf_analyzer, protocol, url, args.model, args.batch, concurrency,
-                mode, args.interval_ms, args.trials,
+                mode, args.interval_ms, args.trials, _extra(args),
             )  # fmt: skip
         except (RuntimeError, subprocess.TimeoutExpired):
             if attempt == 2:
@@ -144,6 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="pairs of runs per cell")
     parser.add_argument("--perf-analyzer", type=Path, default=PERF_ANALYZER)
     parser.add_argument("--server-pid", type=int, help="count this process tree's CPU")
+    parser.add_argument(
+        "--shape", nargs="*", default=[], help="perf_analyzer --shape values (NAME:d1,d2)"
+    )
+    parser.add_argument(
+        "--output-shm-size", type=int, help="bytes per output region (perf_analyzer: 100 KiB)"
+    )
     args = parser.parse_args(argv)
     if not args.perf_analyzer.exists():
         print(f"{args.perf_analyzer} not found: see benchmarks/README.md, section 3")
