@@ -21,10 +21,12 @@ from tritonclient.utils import InferenceServerException
 
 @pytest.fixture(scope="module")
 def server(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A server of two models (a small one starts and stops fast on a loaded machine)."""
+    """A server of three models (a small one starts and stops fast on a loaded machine)."""
     repo = tmp_path_factory.mktemp("shm-repo")
     shutil.copytree(ROOT / "examples" / "model_repository" / "add_sub", repo / "add_sub")
     build_identity_types(repo)
+    decoupled = ROOT / "tests" / "assets" / "python_models" / "decoupled_repeat"
+    shutil.copytree(decoupled, repo / "decoupled_repeat")
     started = start_server(repo, redis_url, repo.parent / "shm.log")
     try:
         yield started
@@ -380,4 +382,28 @@ def test_async_job_cannot_use_shared_memory(server: Any) -> None:
             "error": "input 'INPUT0' of model 'add_sub': shared memory cannot be used by an "
             "async job"
         },
+    )
+
+
+def test_decoupled_stream_cannot_use_shared_memory(server: Any, regions: Regions) -> None:
+    """A decoupled model's many responses have no one place in a region: refused in-band."""
+    import queue
+
+    _, key = regions.create(f"d_{regions.tag}", 64)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results: queue.Queue[Any] = queue.Queue()
+    try:
+        client.register_system_shared_memory(f"d_{regions.tag}", key, 64)
+        client.start_stream(callback=lambda result, error: results.put(error or result))
+        tensor = grpcclient.InferInput("IN", [1, 1], "INT32")
+        tensor.set_shared_memory(f"d_{regions.tag}", 4)
+        client.async_stream_infer("decoupled_repeat", [tensor], request_id="1")
+        answer = results.get(timeout=30)
+        client.stop_stream()
+    finally:
+        client.close()
+    assert isinstance(answer, InferenceServerException)
+    assert answer.message() == (
+        "input 'IN' of model 'decoupled_repeat': shared memory cannot be used by a decoupled "
+        "model's responses"
     )
