@@ -23,6 +23,7 @@ from sluice.api.handlers import (
 from sluice.api.handlers.jobs import Jobs
 from sluice.api.log_settings import LogSettings
 from sluice.api.models import ModelRegistry
+from sluice.api.request_trace import Tracing
 from sluice.api.response_cache import ResponseCache
 from sluice.api.settings import GatewaySettings
 from sluice.api.shared_memory import SharedMemoryRegistry
@@ -54,6 +55,7 @@ class DataPlane:
         queue: the model versions' request queues (cancellation, the exit's clean-up).
         log_settings: the logging extension's settings.
         shared_memory: the client shared-memory regions registered with this process.
+        tracing: the trace extension's settings and this process's traces.
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class DataPlane:
         self.shutdown = Shutdown()
         self.log_settings = LogSettings.from_options(settings.log_options())
         self.shared_memory = SharedMemoryRegistry()
+        self.tracing = Tracing(settings.trace)
         self.health = Health(settings, registry, self.shutdown)
         self.metadata = Metadata(settings, registry)
         self.repository = RepositoryControl(settings, client, keys, registry, router)

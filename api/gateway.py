@@ -32,6 +32,7 @@ from sluice.api.settings import GatewaySettings
 from sluice.broker.errors import ErrorCode, SluiceError
 from sluice.broker.keys import KeySchema
 from sluice.broker.logs import configure_logging
+from sluice.broker.tracing import shutdown_tracers
 
 if TYPE_CHECKING:
     from sluice.api.grpc.server import GrpcFrontEnd
@@ -242,6 +243,8 @@ async def serve_gateway(settings: GatewaySettings) -> None:
             logger.warning("could not take unanswered requests off the queues: %s", exc)
         await dataplane.connection.stop()
         await client.aclose()
+        dataplane.tracing.close()  # the trace file's pending traces; spans still batched:
+        shutdown_tracers()
 
 
 #: the gRPC server's grace once nothing is in flight any more, in s.

@@ -1,19 +1,15 @@
 """Server metadata, model metadata and model configuration; the extensions served and
-the ones answered without being implemented.
+the one answered without being implemented (CUDA shared memory).
 
 Shapes: docs/reference/http-protocol.md (Server and model metadata, Model
 configuration JSON, Trace and shared memory); Triton ``src/http_server.cc``
 (``HandleServerMetadata``, ``HandleModelMetadata``, ``HandleModelConfig``).
 
-Only what is implemented is advertised in the server metadata's ``extensions``. Two of
-Triton's extensions are answered without being implemented, over HTTP and gRPC alike:
-
-* trace (``/v2/trace/setting``, ``/v2/models/{m}/trace/setting``, gRPC
-  ``TraceSetting``): refused with :data:`TRACE_UNSUPPORTED` (UNSUPPORTED: HTTP 501, gRPC
-  UNIMPLEMENTED), not with the 404 of a route that does not exist;
-* CUDA shared memory (``/v2/cudasharedmemory``, gRPC ``CudaSharedMemory*``): answered
-  as a Triton built without GPU support answers (:mod:`api.shared_memory`). System
-  shared memory is implemented (``system_shared_memory``).
+Only what is implemented is advertised in the server metadata's ``extensions``. CUDA
+shared memory (``/v2/cudasharedmemory``, gRPC ``CudaSharedMemory*``) is answered, over
+HTTP and gRPC alike, as a Triton built without GPU support answers it
+(:mod:`api.shared_memory`); system shared memory is implemented
+(``system_shared_memory``).
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ from typing import Any
 from sluice.api.models import ModelRegistry, ModelView
 from sluice.api.settings import GatewaySettings
 
-__all__ = ["EXTENSIONS", "TRACE_UNSUPPORTED", "Metadata"]
+__all__ = ["EXTENSIONS", "Metadata"]
 
 #: extensions this server implements, in Triton's order.
 EXTENSIONS = (
@@ -39,9 +35,8 @@ EXTENSIONS = (
     "parameters",
     "statistics",
     "logging",
+    "trace",  # api.trace_settings, api.request_trace
 )
-
-TRACE_UNSUPPORTED = "trace is not supported by this server"
 
 
 class Metadata:

@@ -20,16 +20,17 @@ from typing import Any
 
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from sluice.api.dataplane import DataPlane
 from sluice.api.errors import client_error
 from sluice.api.handlers.submission import InferResult, Submission
 from sluice.api.http.body import compress, decompress, negotiate_encoding
+from sluice.api.http.cycle_io import REPLY_SCOPE_KEY, write_response
 from sluice.api.http.header_cache import CachedHeader, HeaderCache
 from sluice.api.http.infer_request import HttpInferRequest, parse_infer_request
 from sluice.api.http.infer_response import encode_infer_response
 from sluice.api.models import ModelView
+from sluice.api.request_trace import RequestTrace, header_traceparent
 from sluice.api.shared_memory import RegionSlice, SharedMemoryRegistry
 from sluice.api.shm_tensors import read_inputs, resolve_outputs
 from sluice.broker.errors import SluiceError, invalid_arg
@@ -47,9 +48,6 @@ _HEADER_LENGTH = b"inference-header-content-length"
 
 #: the model and version (None: the model's policy picks) of an infer route.
 Route = tuple[str, int | None]
-
-#: ASGI scope key of a queued request's response future (:func:`cancel_unanswered`).
-REPLY_SCOPE_KEY = "sluice.reply"
 
 
 def _route(path: str) -> Route | None:
@@ -143,14 +141,13 @@ def _submit(
     parsed: HttpInferRequest,
     kept: CachedHeader | None = None,
     waited_ns: int = 0,
+    trace: RequestTrace | None = None,
 ) -> tuple[asyncio.Future[InferResponseMessage], dict[str, RegionSlice]]:
     """Validate and queue a parsed request (:meth:`Submission.submit`), its inputs in
     client shared memory read from their regions first; a refusal is logged with the
     request's ids. A request of a kept header that passed the checks of this same model
-    view is not checked again; one that passes marks it so.
-
-    Returns:
-        The response future, and where each output in shared memory goes.
+    view is not checked again; one that passes marks it so. Returns the response future
+    and where each output in shared memory goes.
 
     Raises:
         SluiceError: as :meth:`Submission.submit`, or for a region that is not
@@ -172,6 +169,7 @@ def _submit(
             parsed.parameters,
             checked=checked,
             waited_ns=waited_ns,
+            trace=trace,
         )
     except SluiceError as exc:
         sub.log_failure(request_id, parsed.client_id, view.name, version, exc)
@@ -216,8 +214,10 @@ async def handle_infer(
     version: int | None,
     scope: Scope,
     receive: Receive,
+    trace: RequestTrace | None = None,
 ) -> tuple[bytes, dict[str, str]]:
-    """Run one HTTP inference request; returns the response body and headers.
+    """Run one HTTP inference request; returns the response body and headers. ``trace``:
+    the request's trace (:mod:`api.request_trace`), stamped on the way.
 
     The queued request's response future is kept in ``scope`` (:data:`REPLY_SCOPE_KEY`),
     so a connection lost before the answer cancels it (:func:`cancel_unanswered`).
@@ -232,16 +232,29 @@ async def handle_infer(
         view, resolved = await sub.resolve_for_infer(model, version)  # unknown model: 404 first
         waited_ns = time.monotonic_ns() - started_ns
         raw = await _read_body(receive, headers, max_body_bytes)
+        if trace is not None:
+            trace.stamp("HTTP_RECV_END")
         parsed, _ = parse_body(max_body_bytes, view, headers, raw)
     except SluiceError as exc:  # refused before it had ids: one verbose line
         sub.log_failure(request_id, "", model, version, exc)
         raise
     future, targets = _submit(
-        sub, registry, request_id, view, resolved, version, parsed, waited_ns=waited_ns
+        sub,
+        registry,
+        request_id,
+        view,
+        resolved,
+        version,
+        parsed,
+        waited_ns=waited_ns,
+        trace=trace,
     )
     scope[REPLY_SCOPE_KEY] = future
     try:
-        result = sub.result(model, parsed.client_id, await future)
+        response = await future
+        if trace is not None:
+            trace.answered(response)
+        result = sub.result(model, parsed.client_id, response)
     except SluiceError as exc:
         sub.log_failure(request_id, parsed.client_id, model, version, exc)
         raise
@@ -286,6 +299,9 @@ class InferEndpoint:
         self.submission = dataplane.submission
         #: the client shared-memory regions of this gateway process
         self.shared_memory = dataplane.shared_memory
+        #: the trace extension: while any request may be traced, infer requests take the
+        #: ASGI route (:meth:`accepts`), where they are traced
+        self.tracing = dataplane.tracing
         #: the largest accepted request body, in bytes
         self.max_body_bytes = dataplane.settings.http.max_body_bytes
         #: the task-free path's parsed binary-request headers
@@ -302,31 +318,41 @@ class InferEndpoint:
             return
         model, version = route
         request_id = self.submission.next_request_id()
+        trace = (
+            self.tracing.start(model, "HTTP", header_traceparent(scope["headers"]))
+            if self.tracing.active
+            else None
+        )
+        error: str | None = None
         try:
             body, out = await handle_infer(
-                self.submission,
-                self.shared_memory,
-                self.max_body_bytes,
-                request_id,
-                model,
-                version,
-                scope,
-                receive,
-            )
+                self.submission, self.shared_memory, self.max_body_bytes, request_id, model,
+                version, scope, receive, trace,
+            )  # fmt: skip
+            if trace is not None:
+                trace.stamp("HTTP_SEND_START")
             await _respond(send, 200, body, out)
         except (Exception, asyncio.CancelledError) as exc:
             # cancelled: uvicorn's graceful shutdown ran out (the client still gets a 503),
             # or the connection was lost (uvicorn's send writes nothing then)
             status, body = _failure(exc, model)
+            error = body.decode("utf-8", "replace")
+            if trace is not None:
+                trace.stamp("HTTP_SEND_START")
             await _respond(send, status, body, _JSON)
+        if trace is not None:
+            trace.stamp("HTTP_SEND_END")
+            trace.finish(error)
 
     # -- the task-free path ------------------------------------------------------------------
 
     def accepts(self, scope: Scope) -> Route | None:
         """The model and version of a request that can take the task-free path (``POST`` to
         an infer route with a ``Content-Length`` within the body limit, no chunked body,
-        no ``Expect``); None for any other."""
+        no ``Expect``, no tracing on); None for any other."""
         if scope["method"] != "POST" or (route := _route(scope["path"])) is None:
+            return None
+        if self.tracing.active:
             return None
         length = None
         for name, value in scope["headers"]:
@@ -409,50 +435,3 @@ class InferEndpoint:
 
 
 _JSON = {"content-type": "application/json"}
-
-
-def cancel_unanswered(cycle: Any) -> None:
-    """The connection of uvicorn's ``RequestResponseCycle`` was lost: if the cycle's
-    infer request is queued and not answered yet, cancel its response future, which takes
-    the request off its stream unless an instance has taken it (:meth:`Submission.submit`;
-    Triton cancels only gRPC requests, its HTTP server does not notice a client that
-    went away). Nothing for a cycle that was answered or queued no request.
-
-    A connection the client half-closed (EOF, still reading) is not lost:
-    :class:`api.http.protocol.HttpProtocol` keeps answering it.
-    """
-    if cycle is None or cycle.response_complete:
-        return
-    future = cycle.scope.get(REPLY_SCOPE_KEY)
-    if future is not None and not future.done():
-        cycle.disconnected = True  # the answer written from the future's callback is dropped
-        future.cancel()
-
-
-def write_response(cycle: Any, status: int, body: bytes, headers: Mapping[str, str]) -> None:
-    """Answer uvicorn's ``RequestResponseCycle`` with one complete response in one write,
-    as its ``send`` would (default headers, ``connection: close`` when not keeping the
-    connection alive, then the next pipelined request); nothing once the client left."""
-    if cycle.disconnected or cycle.response_started:
-        return
-    parts = [STATUS_LINE[status]]
-    for name, value in cycle.default_headers:
-        parts += [name, b": ", value, b"\r\n"]
-    for name, value in headers.items():
-        parts.append(f"{name.lower()}: {value}\r\n".encode("latin-1"))
-    parts.append(b"content-length: %d\r\n" % len(body))
-    if not cycle.keep_alive:
-        parts.append(b"connection: close\r\n")
-    parts += [b"\r\n", body]
-    cycle.response_started = True
-    cycle.waiting_for_100_continue = False
-    # A CoalescingTransport sends it at the end of this loop iteration: the answers of one
-    # executed batch arrive together and then leave back to back, after all are encoded,
-    # so the client wakes once for the burst instead of once per answer (more requests
-    # per second and less gateway CPU per request with many connections)
-    cycle.transport.write(b"".join(parts))
-    cycle.response_complete = True
-    cycle.message_event.set()
-    if not cycle.keep_alive:
-        cycle.transport.close()
-    cycle.on_response()
