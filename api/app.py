@@ -27,6 +27,7 @@ from sluice.api.http.generate import router as generate_router
 from sluice.api.http.infer import InferEndpoint
 from sluice.api.http.jobs import router as jobs_router
 from sluice.api.http.routes import error_response, router
+from sluice.api.http.shm_routes import router as shm_router
 from sluice.api.models import ModelRegistry
 from sluice.api.settings import GatewaySettings
 from sluice.broker.cluster import async_client
@@ -98,6 +99,7 @@ def create_app(settings: GatewaySettings, dataplane: DataPlane) -> FastAPI:
     app.state.dataplane = dataplane
     app.include_router(router)
     app.include_router(jobs_router)
+    app.include_router(shm_router)
     app.include_router(generate_router)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

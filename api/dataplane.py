@@ -26,6 +26,7 @@ from sluice.api.models import ModelRegistry
 from sluice.api.request_trace import Tracing
 from sluice.api.response_cache import ResponseCache
 from sluice.api.settings import GatewaySettings
+from sluice.api.shared_memory import SharedMemoryRegistry
 from sluice.broker.keys import KeySchema
 from sluice.broker.multiplex import MultiplexedConnection
 from sluice.broker.replies import ReplyRouter
@@ -53,6 +54,7 @@ class DataPlane:
         jobs: async jobs (accept, look up, cancel, list).
         queue: the model versions' request queues (cancellation, the exit's clean-up).
         log_settings: the logging extension's settings.
+        shared_memory: the client shared-memory regions registered with this process.
         tracing: the trace extension's settings and this process's traces.
     """
 
@@ -71,6 +73,7 @@ class DataPlane:
         keys = KeySchema(settings.redis.key_prefix)
         self.shutdown = Shutdown()
         self.log_settings = LogSettings.from_options(settings.log_options())
+        self.shared_memory = SharedMemoryRegistry()
         self.tracing = Tracing(settings.trace)
         self.health = Health(settings, registry, self.shutdown)
         self.metadata = Metadata(settings, registry)

@@ -29,6 +29,7 @@ from sluice.api.gateway_args import add_gateway_arguments, check_access_specs, s
 from sluice.api.http.protocol import HttpProtocol
 from sluice.api.metrics import MetricsService, create_metrics_app
 from sluice.api.settings import GatewaySettings
+from sluice.broker.clock import check_clock_async
 from sluice.broker.errors import ErrorCode, SluiceError
 from sluice.broker.keys import KeySchema
 from sluice.broker.logs import configure_logging
@@ -169,6 +170,7 @@ async def serve_gateway(settings: GatewaySettings) -> None:
             )
         )
     await dataplane.connection.start()
+    await check_clock_async(client, logger)
     await dataplane.router.start()
     if grpc_front is not None:
         await grpc_front.start()

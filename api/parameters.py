@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from sluice.broker.datatypes import ELEMENT_SIZES
-from sluice.broker.errors import ErrorCode, SluiceError, invalid_arg
+from sluice.broker.errors import SluiceError, invalid_arg
 from sluice.broker.messages import ParameterValue, RequestedOutput, WireTensor
 
 __all__ = [
@@ -36,7 +36,6 @@ __all__ = [
     "extra_input_data",
     "is_uint",
     "select_outputs",
-    "shared_memory_unsupported",
     "value_type_name",
 ]
 
@@ -161,16 +160,6 @@ def check_datatype(datatype: str, name: str, model: str) -> None:
 def duplicate_tensor(kind: str, name: str, model: str) -> SluiceError:
     """INVALID_ARG for an input/output named twice (Triton: ``'X' already exists``)."""
     return invalid_arg(f"{kind} '{name}' already exists in request", model=model, tensor=name)
-
-
-def shared_memory_unsupported(kind: str, name: str, model: str) -> SluiceError:
-    """UNSUPPORTED for a tensor that refers to a shared-memory region (none here yet)."""
-    return SluiceError(
-        ErrorCode.UNSUPPORTED,
-        f"{kind} '{name}' of model '{model}': shared memory is not supported",
-        model=model,
-        tensor=name,
-    )
 
 
 def extra_input_data(model: str) -> SluiceError:

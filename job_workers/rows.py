@@ -21,6 +21,7 @@ from sluice.api.errors import http_status
 from sluice.api.http.infer_request import HttpInferRequest, parse_infer_request
 from sluice.api.http.infer_response import encode_infer_response
 from sluice.api.models import ModelView
+from sluice.api.shm_tensors import refuse_shared_memory
 from sluice.broker.errors import ErrorCode, SluiceError, invalid_arg
 from sluice.broker.messages import RequestedOutput, WireTensor
 
@@ -96,13 +97,15 @@ def parse_request(row: Row, view: ModelView) -> HttpInferRequest:
     """
     if row.problem is not None:
         raise row.problem
-    return parse_infer_request(
+    request = parse_infer_request(
         row.text,
         None,
         model=view.name,
         config_inputs=view.inputs.values(),
         max_batch_size=view.max_batch_size,
     )
+    refuse_shared_memory(request.shm, view.name, "an async job")
+    return request
 
 
 def output_line(

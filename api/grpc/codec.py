@@ -4,13 +4,15 @@ Pure functions, no I/O, using the protobuf classes ``tritonclient`` ships.
 Rules (docs/reference/grpc-protocol.md; Triton ``src/grpc/infer_handler.cc``):
 
 * An input's data comes from ``raw_input_contents`` (the i-th entry belongs to
-  the i-th input that is not in shared memory) or from its typed ``contents``;
+  the i-th input that is not in shared memory), from its typed ``contents``, or from
+  client shared memory (:mod:`api.shm_tensors`; read later, its data empty here);
   a request that uses ``raw_input_contents`` may not also set ``contents``.
 * Typed contents become the binary layout: INT8/INT16 and UINT8/UINT16 narrowed
   from the 32-bit repeated fields, BYTES elements length-prefixed. FP16/BF16
   have no typed field.
 * Outputs are always returned in ``raw_output_contents``, one entry per output
-  in ``outputs`` order; typed ``contents`` are never filled.
+  in ``outputs`` order (empty for an output written to shared memory); typed
+  ``contents`` are never filled.
 * Request parameters follow the rules shared with HTTP (:mod:`api.parameters`).
 * A requested output's ``classification`` (``int64_param`` k) asks for the top-k
   classes (classification extension), checked and run as over HTTP.
@@ -33,8 +35,9 @@ from sluice.api.parameters import (
     extra_input_data,
     is_uint,
     select_outputs,
-    shared_memory_unsupported,
 )
+from sluice.api.shared_memory import RegionSlice
+from sluice.api.shm_tensors import ShmRef, ShmTensors, grpc_shm_ref, write_output
 from sluice.broker.datatypes import NUMPY_DTYPES, serialize_bytes
 from sluice.broker.errors import SluiceError, invalid_arg
 from sluice.broker.messages import ParameterValue, RequestedOutput, WireTensor
@@ -49,8 +52,6 @@ __all__ = [
 
 #: reserved keys a gRPC request may carry (docs/reference/grpc-protocol.md, ``ModelInfer``).
 GRPC_ALLOWED_RESERVED = frozenset({"triton_enable_empty_final_response"})
-
-_SHM_KEY = "shared_memory_region"
 
 #: protocol datatype -> (typed ``contents`` field, numpy dtype it is narrowed to).
 _CONTENTS_FIELDS: dict[str, tuple[str, np.dtype]] = {
@@ -79,6 +80,7 @@ class GrpcInferRequest:
         inputs: input tensors in request order, data in the wire layout.
         outputs: the requested outputs in request order; empty = all.
         parameters: request parameters that travel to the model.
+        shm: the inputs and outputs in client shared memory (None: none).
     """
 
     model: str
@@ -87,6 +89,7 @@ class GrpcInferRequest:
     inputs: tuple[WireTensor, ...]
     outputs: tuple[RequestedOutput, ...]
     parameters: dict[str, ParameterValue]
+    shm: ShmTensors | None = None
 
 
 def parse_version(text: str, model: str) -> int | None:
@@ -121,7 +124,7 @@ def parse_infer_request(request: service_pb2.ModelInferRequest) -> GrpcInferRequ
 
     Raises:
         SluiceError: INVALID_ARG for a malformed request (Triton's texts where it has
-            them); UNSUPPORTED for shared-memory tensors.
+            them).
     """
     model = request.model_name
     version = parse_version(request.model_version, model)
@@ -130,17 +133,22 @@ def parse_infer_request(request: service_pb2.ModelInferRequest) -> GrpcInferRequ
         model,
         allowed_reserved=GRPC_ALLOWED_RESERVED,
     )
+    shm_in: dict[str, ShmRef] = {}
+    shm_out: dict[str, ShmRef] = {}
     return GrpcInferRequest(
         model=model,
         version=version,
         client_id=request.id,
-        inputs=_parse_inputs(request, model),
-        outputs=_parse_outputs(request.outputs, model),
+        inputs=_parse_inputs(request, model, shm_in),
+        outputs=_parse_outputs(request.outputs, model, shm_out),
         parameters=parameters,
+        shm=ShmTensors(shm_in, shm_out) if shm_in or shm_out else None,
     )
 
 
-def _parse_inputs(request: service_pb2.ModelInferRequest, model: str) -> tuple[WireTensor, ...]:
+def _parse_inputs(
+    request: service_pb2.ModelInferRequest, model: str, shm: dict[str, ShmRef]
+) -> tuple[WireTensor, ...]:
     raw = request.raw_input_contents
     use_raw = len(raw) > 0
     seen: set[str] = set()
@@ -152,10 +160,19 @@ def _parse_inputs(request: service_pb2.ModelInferRequest, model: str) -> tuple[W
             raise duplicate_tensor("input", name, model)
         seen.add(name)
         check_datatype(item.datatype, name, model)
-        if _SHM_KEY in item.parameters:
-            raise shared_memory_unsupported("input", name, model)
         has_contents = item.HasField("contents")
-        if use_raw:
+        ref = grpc_shm_ref(item.parameters, name) if item.parameters else None
+        if ref is not None:
+            if has_contents:
+                raise invalid_arg(
+                    f"unexpected 'content' provided when using shared memory for input "
+                    f"tensor '{name}' for model '{model}'",
+                    model=model,
+                    tensor=name,
+                )
+            shm[name] = ref
+            data = b""
+        elif use_raw:
             if has_contents:
                 raise invalid_arg(
                     f"contents field must not be specified when using raw_input_contents "
@@ -204,7 +221,9 @@ def _contents_to_wire(contents: Any, datatype: str, name: str, model: str) -> by
     return np.asarray(values).astype(dtype).tobytes()
 
 
-def _parse_outputs(items: Iterable[Any], model: str) -> tuple[RequestedOutput, ...]:
+def _parse_outputs(
+    items: Iterable[Any], model: str, shm: dict[str, ShmRef]
+) -> tuple[RequestedOutput, ...]:
     seen: set[str] = set()
     outputs: list[RequestedOutput] = []
     for item in items:
@@ -212,8 +231,15 @@ def _parse_outputs(items: Iterable[Any], model: str) -> tuple[RequestedOutput, .
         if name in seen:
             raise duplicate_tensor("output", name, model)
         seen.add(name)
-        if _SHM_KEY in item.parameters:
-            raise shared_memory_unsupported("output", name, model)
+        ref = grpc_shm_ref(item.parameters, name) if item.parameters else None
+        if ref is not None:
+            if "classification" in item.parameters:
+                raise invalid_arg(
+                    "output can't set both 'shared_memory_region' and 'classification'",
+                    model=model,
+                    tensor=name,
+                )
+            shm[name] = ref
         class_count = 0
         if "classification" in item.parameters:
             value = parameter_value(item.parameters["classification"])
@@ -255,6 +281,7 @@ def encode_infer_response(
     outputs: Sequence[WireTensor],
     requested: Sequence[RequestedOutput],
     parameters: Mapping[str, Any] | None = None,
+    shm_outputs: Mapping[str, RegionSlice] | None = None,
 ) -> service_pb2.ModelInferResponse:
     """Build a ``ModelInferResponse`` (docs/reference/grpc-protocol.md, ``ModelInfer``).
 
@@ -265,15 +292,26 @@ def encode_infer_response(
         outputs: tensors the model produced, wire layout.
         requested: the request's ``outputs``; empty = every entry of ``outputs``.
         parameters: response parameters.
+        shm_outputs: outputs to write into client shared memory, by name: their
+            ``raw_output_contents`` entry is empty, as Triton's
+            (``src/grpc/infer_handler.cc`` ``ResponseAllocatorHelper``).
 
     Raises:
-        SluiceError: INTERNAL when a requested output is missing.
+        SluiceError: INTERNAL when a requested output is missing or larger than its
+            shared-memory slice.
     """
     selected = [tensor for tensor, _ in select_outputs(outputs, requested)]
     response = service_pb2.ModelInferResponse(model_name=model, model_version=version, id=client_id)
     for tensor in selected:
         response.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
-    response.raw_output_contents.extend([tensor.data for tensor in selected])
+    if shm_outputs:
+        for tensor in selected:
+            if tensor.name in shm_outputs:
+                write_output(shm_outputs[tensor.name], tensor)
+        selected_data = [b"" if t.name in shm_outputs else t.data for t in selected]
+        response.raw_output_contents.extend(selected_data)
+    else:
+        response.raw_output_contents.extend([tensor.data for tensor in selected])
     if parameters:
         for key, value in parameters.items():
             set_parameter(response.parameters[key], value)

@@ -26,10 +26,11 @@ from sluice.api.grpc.codec import (
     parse_version,
 )
 from sluice.api.grpc.guard import REDIS_OUTAGE, RPC_GROUPS, guard_servicer
+from sluice.api.grpc.shm_service import SharedMemoryRpcs
 from sluice.api.grpc.streaming import stream_infer
-from sluice.api.handlers.metadata import SHM_DISABLED
 from sluice.api.repository_params import load_parameters, unload_dependents
 from sluice.api.request_trace import RequestTrace, header_traceparent
+from sluice.api.shm_tensors import read_inputs, resolve_outputs
 from sluice.broker.errors import ErrorCode, SluiceError
 
 __all__ = ["InferenceServicer", "build_servicer"]
@@ -37,8 +38,9 @@ __all__ = ["InferenceServicer", "build_servicer"]
 logger = logging.getLogger(__name__)
 
 
-class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
-    """Every RPC of Triton's ``GRPCInferenceService``.
+class InferenceServicer(SharedMemoryRpcs, service_pb2_grpc.GRPCInferenceServiceServicer):
+    """Every RPC of Triton's ``GRPCInferenceService`` (the shared-memory ones:
+    :class:`api.grpc.shm_service.SharedMemoryRpcs`).
 
     Args:
         dataplane: the gateway's transport-neutral request handling.
@@ -147,8 +149,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 model=model,
             )
         parsed = parse_infer_request(request)
+        inputs, targets = parsed.inputs, {}
+        if parsed.shm is not None:
+            inputs = read_inputs(self._dp.shared_memory, parsed.inputs, parsed.shm.inputs)
+            targets = resolve_outputs(self._dp.shared_memory, parsed.shm.outputs)
         result = await self._dp.submission.infer(
-            model, version, parsed.client_id, parsed.inputs, parsed.outputs, parsed.parameters,
+            model, version, parsed.client_id, inputs, parsed.outputs, parsed.parameters,
             waited_ns, on_queued, trace,
         )  # fmt: skip
         REDIS_OUTAGE.ok()  # an answer came through Redis: an outage logged is over
@@ -159,6 +165,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             outputs=result.outputs,
             requested=parsed.outputs,
             parameters=result.parameters,
+            shm_outputs=targets,
         )
 
     async def ModelInfer(
@@ -245,55 +252,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         )
         return service_pb2.RepositoryModelUnloadResponse()
 
-    # -- shared memory, trace, logging --------------------------------------------------
-
-    async def SystemSharedMemoryStatus(
-        self,
-        request: service_pb2.SystemSharedMemoryStatusRequest,
-        context: grpc.aio.ServicerContext,
-    ) -> service_pb2.SystemSharedMemoryStatusResponse:
-        """No region is ever registered: an empty map."""
-        return service_pb2.SystemSharedMemoryStatusResponse()
-
-    async def SystemSharedMemoryRegister(
-        self,
-        request: service_pb2.SystemSharedMemoryRegisterRequest,
-        context: grpc.aio.ServicerContext,
-    ) -> service_pb2.SystemSharedMemoryRegisterResponse:
-        """Refused: client shared memory is off (:mod:`api.handlers.metadata`)."""
-        raise SluiceError(ErrorCode.UNSUPPORTED, SHM_DISABLED)
-
-    async def SystemSharedMemoryUnregister(
-        self,
-        request: service_pb2.SystemSharedMemoryUnregisterRequest,
-        context: grpc.aio.ServicerContext,
-    ) -> service_pb2.SystemSharedMemoryUnregisterResponse:
-        """Nothing to unregister: succeeds."""
-        return service_pb2.SystemSharedMemoryUnregisterResponse()
-
-    async def CudaSharedMemoryStatus(
-        self,
-        request: service_pb2.CudaSharedMemoryStatusRequest,
-        context: grpc.aio.ServicerContext,
-    ) -> service_pb2.CudaSharedMemoryStatusResponse:
-        """No region is ever registered: an empty map."""
-        return service_pb2.CudaSharedMemoryStatusResponse()
-
-    async def CudaSharedMemoryRegister(
-        self,
-        request: service_pb2.CudaSharedMemoryRegisterRequest,
-        context: grpc.aio.ServicerContext,
-    ) -> service_pb2.CudaSharedMemoryRegisterResponse:
-        """Refused: client shared memory is off (:mod:`api.handlers.metadata`)."""
-        raise SluiceError(ErrorCode.UNSUPPORTED, SHM_DISABLED)
-
-    async def CudaSharedMemoryUnregister(
-        self,
-        request: service_pb2.CudaSharedMemoryUnregisterRequest,
-        context: grpc.aio.ServicerContext,
-    ) -> service_pb2.CudaSharedMemoryUnregisterResponse:
-        """Nothing to unregister: succeeds."""
-        return service_pb2.CudaSharedMemoryUnregisterResponse()
+    # -- trace, logging ------------------------------------------------------------------
 
     async def TraceSetting(
         self, request: service_pb2.TraceSettingRequest, context: grpc.aio.ServicerContext

@@ -35,6 +35,7 @@ from sluice.api.grpc.codec import encode_infer_response, parse_infer_request, pa
 from sluice.api.grpc.guard import translate
 from sluice.api.handlers.submission import Submission
 from sluice.api.models import ModelView
+from sluice.api.shm_tensors import refuse_shared_memory
 
 __all__ = ["STREAM_WINDOW", "stream_infer"]
 
@@ -91,6 +92,7 @@ async def _decoupled(
     """
     model = request.model_name
     parsed = parse_infer_request(request)
+    refuse_shared_memory(parsed.shm, model, "a decoupled model's responses")
     empty_final = False
     if "triton_enable_empty_final_response" in request.parameters:
         empty_final = request.parameters["triton_enable_empty_final_response"].bool_param

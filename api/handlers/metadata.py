@@ -1,19 +1,15 @@
 """Server metadata, model metadata and model configuration; the extensions served and
-the one that is refused (shared memory).
+the one answered without being implemented (CUDA shared memory).
 
 Shapes: docs/reference/http-protocol.md (Server and model metadata, Model
 configuration JSON, Trace and shared memory); Triton ``src/http_server.cc``
 (``HandleServerMetadata``, ``HandleModelMetadata``, ``HandleModelConfig``).
 
-One of Triton's extensions is answered without being implemented, over HTTP and
-gRPC alike, and left out of the server metadata's ``extensions`` (only what is
-implemented is advertised):
-
-* shared memory (``/v2/systemsharedmemory``, ``/v2/cudasharedmemory``, the gRPC
-  ``*SharedMemory*`` calls): answered as Triton with client shared memory off (its
-  default unless started with ``--allow-client-shm=true``). No region is ever
-  registered, so status answers an empty list (HTTP) or map (gRPC), unregister succeeds
-  with nothing to do, and register is refused with :data:`SHM_DISABLED` (UNSUPPORTED).
+Only what is implemented is advertised in the server metadata's ``extensions``. CUDA
+shared memory (``/v2/cudasharedmemory``, gRPC ``CudaSharedMemory*``) is answered, over
+HTTP and gRPC alike, as a Triton built without GPU support answers it
+(:mod:`api.shared_memory`); system shared memory is implemented
+(``system_shared_memory``).
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ from typing import Any
 from sluice.api.models import ModelRegistry, ModelView
 from sluice.api.settings import GatewaySettings
 
-__all__ = ["EXTENSIONS", "SHM_DISABLED", "Metadata"]
+__all__ = ["EXTENSIONS", "Metadata"]
 
 #: extensions this server implements, in Triton's order.
 EXTENSIONS = (
@@ -34,15 +30,12 @@ EXTENSIONS = (
     "model_repository(unload_dependents)",  # ensembles unload with their steps
     "schedule_policy",  # the request parameters priority and timeout
     "model_configuration",
+    "system_shared_memory",  # client regions of the gateway's host (api.shared_memory)
     "binary_tensor_data",
     "parameters",
     "statistics",
     "logging",
     "trace",  # api.trace_settings, api.request_trace
-)
-
-SHM_DISABLED = (
-    "Client shared memory is disabled: this server does not implement the shared-memory extension"
 )
 
 

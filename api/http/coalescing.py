@@ -10,7 +10,7 @@ hands uvicorn a transport whose ``write`` collects what one event-loop iteration
 writes to a connection and sends it with one ``writelines`` (one ``writev``) at
 the start of the next.
 
-Infer answers are written the same way (:func:`api.http.infer.write_response`): the
+Infer answers are written the same way (:func:`api.http.cycle_io.write_response`): the
 answers of one executed batch reach the gateway in one read from Redis, are encoded
 one after another, then leave back to back, so the client is woken once for the burst
 rather than once per answer.

@@ -9,7 +9,9 @@ parsing JSON, and, once one request of that header passed the model's checks
 (:func:`broker.request_checks.validate_request`, which for non-``BYTES`` inputs reads only
 what the header says), without checking it again against the same model view. A
 header that lists a JSON ``data`` input, a request id (``"id"``) that changes each
-time, or a body of another length is parsed in full.
+time, or a body of another length is parsed in full. An input in client shared memory
+counts as a binary input of 0 bytes (its bytes are read from its region for every
+request: :mod:`api.shm_tensors`).
 """
 
 from __future__ import annotations

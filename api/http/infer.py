@@ -20,17 +20,19 @@ from typing import Any
 
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from sluice.api.dataplane import DataPlane
 from sluice.api.errors import client_error
 from sluice.api.handlers.submission import InferResult, Submission
 from sluice.api.http.body import compress, decompress, negotiate_encoding
+from sluice.api.http.cycle_io import REPLY_SCOPE_KEY, write_response
 from sluice.api.http.header_cache import CachedHeader, HeaderCache
 from sluice.api.http.infer_request import HttpInferRequest, parse_infer_request
 from sluice.api.http.infer_response import encode_infer_response
 from sluice.api.models import ModelView
 from sluice.api.request_trace import RequestTrace, header_traceparent
+from sluice.api.shared_memory import RegionSlice, SharedMemoryRegistry
+from sluice.api.shm_tensors import read_inputs, resolve_outputs
 from sluice.broker.errors import SluiceError, invalid_arg, too_large
 from sluice.broker.messages import InferResponseMessage
 from sluice.broker.outage import OutageLog
@@ -46,9 +48,6 @@ _HEADER_LENGTH = b"inference-header-content-length"
 
 #: the model and version (None: the model's policy picks) of an infer route.
 Route = tuple[str, int | None]
-
-#: ASGI scope key of a queued request's response future (:func:`cancel_unanswered`).
-REPLY_SCOPE_KEY = "sluice.reply"
 
 
 def _route(path: str) -> Route | None:
@@ -132,6 +131,7 @@ def parse_body(
 
 def _submit(
     sub: Submission,
+    registry: SharedMemoryRegistry,
     request_id: str,
     view: ModelView,
     resolved: int,
@@ -140,22 +140,29 @@ def _submit(
     kept: CachedHeader | None = None,
     waited_ns: int = 0,
     trace: RequestTrace | None = None,
-) -> asyncio.Future[InferResponseMessage]:
-    """Validate and queue a parsed request (:meth:`Submission.submit`); a refusal is
-    logged with the request's ids. A request of a kept header that passed the checks
-    of this same model view is not checked again; one that passes marks it so.
+) -> tuple[asyncio.Future[InferResponseMessage], dict[str, RegionSlice]]:
+    """Validate and queue a parsed request (:meth:`Submission.submit`), its inputs in
+    client shared memory read from their regions first; a refusal is logged with the
+    request's ids. A request of a kept header that passed the checks of this same model
+    view is not checked again; one that passes marks it so. Returns the response future
+    and where each output in shared memory goes.
 
     Raises:
-        SluiceError: as :meth:`Submission.submit`.
+        SluiceError: as :meth:`Submission.submit`, or for a region that is not
+            registered or too small (:func:`api.shm_tensors.read_inputs`).
     """
     checked = kept is not None and kept.checked_view is view
+    inputs, targets = parsed.inputs, {}
     try:
+        if parsed.shm is not None:
+            inputs = read_inputs(registry, parsed.inputs, parsed.shm.inputs)
+            targets = resolve_outputs(registry, parsed.shm.outputs)
         future = sub.submit(
             request_id,
             view,
             resolved,
             parsed.client_id,
-            parsed.inputs,
+            inputs,
             parsed.outputs,
             parsed.parameters,
             checked=checked,
@@ -167,13 +174,17 @@ def _submit(
         raise
     if kept is not None and not checked and kept.checkable:
         kept.checked_view = view
-    return future
+    return future, targets
 
 
 def _encode(
-    result: InferResult, parsed: HttpInferRequest, headers: Mapping[bytes, bytes]
+    result: InferResult,
+    parsed: HttpInferRequest,
+    headers: Mapping[bytes, bytes],
+    targets: Mapping[str, RegionSlice],
 ) -> tuple[bytes, dict[str, str]]:
-    """The response body and headers of a result (compressed when the client asks)."""
+    """The response body and headers of a result (compressed when the client asks);
+    outputs in ``targets`` are written into client shared memory."""
     content, out_headers = encode_infer_response(
         model=result.model,
         version=str(result.version),
@@ -182,6 +193,7 @@ def _encode(
         requested=parsed.outputs,
         binary_data_output=parsed.binary_data_output,
         parameters=result.parameters,
+        shm_outputs=targets,
     )
     accept = headers.get(b"accept-encoding")
     chosen = negotiate_encoding(accept.decode("latin-1")) if accept else None
@@ -193,6 +205,7 @@ def _encode(
 
 async def handle_infer(
     sub: Submission,
+    registry: SharedMemoryRegistry,
     max_body_bytes: int,
     request_id: str,
     model: str,
@@ -223,8 +236,16 @@ async def handle_infer(
     except SluiceError as exc:  # refused before it had ids: one verbose line
         sub.log_failure(request_id, "", model, version, exc)
         raise
-    future = _submit(
-        sub, request_id, view, resolved, version, parsed, waited_ns=waited_ns, trace=trace
+    future, targets = _submit(
+        sub,
+        registry,
+        request_id,
+        view,
+        resolved,
+        version,
+        parsed,
+        waited_ns=waited_ns,
+        trace=trace,
     )
     scope[REPLY_SCOPE_KEY] = future
     try:
@@ -235,7 +256,7 @@ async def handle_infer(
     except SluiceError as exc:
         sub.log_failure(request_id, parsed.client_id, model, version, exc)
         raise
-    return _encode(result, parsed, headers)
+    return _encode(result, parsed, headers, targets)
 
 
 def _error_body(message: str) -> bytes:
@@ -274,6 +295,8 @@ class InferEndpoint:
     def __init__(self, app: ASGIApp, dataplane: DataPlane) -> None:
         self.app = app
         self.submission = dataplane.submission
+        #: the client shared-memory regions of this gateway process
+        self.shared_memory = dataplane.shared_memory
         #: the trace extension: while any request may be traced, infer requests take the
         #: ASGI route (:meth:`accepts`), where they are traced
         self.tracing = dataplane.tracing
@@ -301,8 +324,8 @@ class InferEndpoint:
         error: str | None = None
         try:
             body, out = await handle_infer(
-                self.submission, self.max_body_bytes, request_id, model, version, scope, receive,
-                trace,
+                self.submission, self.shared_memory, self.max_body_bytes, request_id, model,
+                version, scope, receive, trace,
             )  # fmt: skip
             if trace is not None:
                 trace.stamp("HTTP_SEND_START")
@@ -369,14 +392,18 @@ class InferEndpoint:
             except SluiceError as exc:  # refused before it had ids: one verbose line
                 sub.log_failure(request_id, "", model, version, exc)
                 raise
-            future = _submit(sub, request_id, cached[0], cached[1], version, parsed, kept)
+            future, targets = _submit(
+                sub, self.shared_memory, request_id, cached[0], cached[1], version, parsed, kept
+            )
         except Exception as exc:
             status, content = _failure(exc, model)
             write_response(cycle, status, content, _JSON)
             return True
         scope[REPLY_SCOPE_KEY] = future
         future.add_done_callback(
-            functools.partial(self._answered, cycle, request_id, model, version, parsed, headers)
+            functools.partial(
+                self._answered, cycle, request_id, model, version, parsed, headers, targets
+            )
         )
         return True
 
@@ -388,12 +415,13 @@ class InferEndpoint:
         version: int | None,
         parsed: HttpInferRequest,
         headers: Mapping[bytes, bytes],
+        targets: Mapping[str, RegionSlice],
         future: asyncio.Future[InferResponseMessage],
     ) -> None:
         sub = self.submission
         try:
             result = sub.result(model, parsed.client_id, future.result())
-            content, out = _encode(result, parsed, headers)
+            content, out = _encode(result, parsed, headers, targets)
             status = 200
             _OUTAGE.ok()  # an answer came through Redis: an outage logged is over
         except (Exception, asyncio.CancelledError) as exc:  # cancelled: the server exits
@@ -405,50 +433,3 @@ class InferEndpoint:
 
 
 _JSON = {"content-type": "application/json"}
-
-
-def cancel_unanswered(cycle: Any) -> None:
-    """The connection of uvicorn's ``RequestResponseCycle`` was lost: if the cycle's
-    infer request is queued and not answered yet, cancel its response future, which takes
-    the request off its stream unless an instance has taken it (:meth:`Submission.submit`;
-    Triton cancels only gRPC requests, its HTTP server does not notice a client that
-    went away). Nothing for a cycle that was answered or queued no request.
-
-    A connection the client half-closed (EOF, still reading) is not lost:
-    :class:`api.http.protocol.HttpProtocol` keeps answering it.
-    """
-    if cycle is None or cycle.response_complete:
-        return
-    future = cycle.scope.get(REPLY_SCOPE_KEY)
-    if future is not None and not future.done():
-        cycle.disconnected = True  # the answer written from the future's callback is dropped
-        future.cancel()
-
-
-def write_response(cycle: Any, status: int, body: bytes, headers: Mapping[str, str]) -> None:
-    """Answer uvicorn's ``RequestResponseCycle`` with one complete response in one write,
-    as its ``send`` would (default headers, ``connection: close`` when not keeping the
-    connection alive, then the next pipelined request); nothing once the client left."""
-    if cycle.disconnected or cycle.response_started:
-        return
-    parts = [STATUS_LINE[status]]
-    for name, value in cycle.default_headers:
-        parts += [name, b": ", value, b"\r\n"]
-    for name, value in headers.items():
-        parts.append(f"{name.lower()}: {value}\r\n".encode("latin-1"))
-    parts.append(b"content-length: %d\r\n" % len(body))
-    if not cycle.keep_alive:
-        parts.append(b"connection: close\r\n")
-    parts += [b"\r\n", body]
-    cycle.response_started = True
-    cycle.waiting_for_100_continue = False
-    # A CoalescingTransport sends it at the end of this loop iteration: the answers of one
-    # executed batch arrive together and then leave back to back, after all are encoded,
-    # so the client wakes once for the burst instead of once per answer (more requests
-    # per second and less gateway CPU per request with many connections)
-    cycle.transport.write(b"".join(parts))
-    cycle.response_complete = True
-    cycle.message_event.set()
-    if not cycle.keep_alive:
-        cycle.transport.close()
-    cycle.on_response()

@@ -27,8 +27,8 @@ from sluice.api.parameters import (
     duplicate_tensor,
     extra_input_data,
     is_uint,
-    shared_memory_unsupported,
 )
+from sluice.api.shm_tensors import SHM_KEYS, ShmRef, ShmTensors, http_shm_output, http_shm_ref
 from sluice.broker.datatypes import ELEMENT_SIZES, serialize_bytes
 from sluice.broker.errors import invalid_arg
 from sluice.broker.messages import ParameterValue, RequestedOutput, WireTensor
@@ -39,7 +39,6 @@ __all__ = ["BinaryLayout", "HttpInferRequest", "parse_infer_request", "parse_wit
 #: python-rapidjson's parse error text: offset, then rapidjson's reason
 _RAPIDJSON_ERROR = re.compile(r"Parse error at offset (\d+): (.*)", re.DOTALL)
 
-_SHM_PARAMS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
 _ONE_OF_MESSAGE = (
     "Input must set only one of the following fields: 'data', 'binary_data_size' in "
     "'parameters', 'shared_memory_region' in 'parameters'"
@@ -58,6 +57,9 @@ class HttpInferRequest:
             ones, …) without ``binary_data_output``.
         binary_data_output: request-level default encoding for outputs that the
             request does not list (binary tensor data extension).
+        shm: the inputs and outputs in client shared memory (None: none); such an
+            input's ``data`` is empty until read from its region
+            (:mod:`api.shm_tensors`).
     """
 
     client_id: str
@@ -65,6 +67,7 @@ class HttpInferRequest:
     outputs: tuple[RequestedOutput, ...]
     parameters: dict[str, ParameterValue]
     binary_data_output: bool
+    shm: ShmTensors | None = None
 
 
 def parse_infer_request(
@@ -94,7 +97,7 @@ def parse_infer_request(
     Raises:
         SluiceError: INVALID_ARG for any malformed body (Triton's texts,
             docs/reference/errors.md) or a raw binary request whose input cannot be
-            deduced; UNSUPPORTED for shared-memory tensors.
+            deduced.
     """
     return parse_with_layout(
         body,
@@ -112,7 +115,8 @@ class BinaryLayout:
 
     Attributes:
         request: the parsed request with empty input data.
-        sizes: each input's ``binary_data_size``, in bytes, in request order.
+        sizes: each input's ``binary_data_size``, in bytes, in request order (0 for an
+            input in shared memory).
         body_length: the whole body's length, in bytes (header and every input's data).
     """
 
@@ -140,6 +144,7 @@ class BinaryLayout:
             outputs=request.outputs,
             parameters=dict(request.parameters) if request.parameters else {},
             binary_data_output=request.binary_data_output,
+            shm=request.shm,
         )
 
 
@@ -181,14 +186,17 @@ def parse_with_layout(
         raise invalid_arg(f"Unable to parse 'id' for model '{model}': {NOT_STRING}", model=model)
 
     parameters, binary_data_output = _parse_request_parameters(document.get("parameters"), model)
-    inputs, sizes = _parse_inputs(document.get("inputs"), view, header_length, model)
-    outputs = _parse_outputs(document.get("outputs"), binary_data_output, model)
+    shm_in: dict[str, ShmRef] = {}
+    shm_out: dict[str, ShmRef] = {}
+    inputs, sizes = _parse_inputs(document.get("inputs"), view, header_length, model, shm_in)
+    outputs = _parse_outputs(document.get("outputs"), binary_data_output, model, shm_out)
     request = HttpInferRequest(
         client_id=client_id,
         inputs=inputs,
         outputs=outputs,
         parameters=parameters,
         binary_data_output=binary_data_output,
+        shm=ShmTensors(shm_in, shm_out) if shm_in or shm_out else None,
     )
     if sizes is None:
         return request, None
@@ -198,6 +206,7 @@ def parse_with_layout(
         outputs=outputs,
         parameters=dict(parameters),
         binary_data_output=binary_data_output,
+        shm=request.shm,
     )
     return request, BinaryLayout(template, sizes, total)
 
@@ -322,10 +331,11 @@ def _parse_request_parameters(raw: object, model: str) -> tuple[dict[str, Parame
 
 
 def _parse_inputs(
-    raw: object, view: memoryview, header_length: int, model: str
+    raw: object, view: memoryview, header_length: int, model: str, shm: dict[str, ShmRef]
 ) -> tuple[tuple[WireTensor, ...], tuple[int, ...] | None]:
-    """Read every input; binary ones take consecutive chunks after the JSON. Also returns
-    each input's ``binary_data_size`` when every input is binary, else None."""
+    """Read every input; binary ones take consecutive chunks after the JSON, those in
+    shared memory get empty data and their place in ``shm``. Also returns each input's
+    ``binary_data_size`` (0 in shared memory) when no input is JSON, else None."""
     if not isinstance(raw, list):
         raise invalid_arg(
             f"Unable to parse 'inputs' for model '{model}': expected a JSON array", model=model
@@ -366,8 +376,11 @@ def _parse_inputs(
                 f"{_ONE_OF_MESSAGE} (input '{name}' of model '{model}')", model=model, tensor=name
             )
         if has_shm:
-            raise shared_memory_unsupported("input", name, model)
-        if has_binary:
+            shm[name] = http_shm_ref(params, name, model, "input")  # type: ignore[assignment]
+            data = b""  # read from its region later; no bytes in the body (a layout's 0)
+            if sizes is not None:
+                sizes.append(0)
+        elif has_binary:
             size = params["binary_data_size"]
             if not is_uint(size):
                 raise unable("binary_data_size", name, model, NOT_UINT)
@@ -399,9 +412,10 @@ def _parse_shape(raw: object, name: str, model: str) -> tuple[int, ...]:
 
 
 def _parse_outputs(
-    raw: object, binary_data_output: bool, model: str
+    raw: object, binary_data_output: bool, model: str, shm: dict[str, ShmRef]
 ) -> tuple[RequestedOutput, ...]:
-    """Read the ``outputs`` list; each output's ``binary_data`` beats the request default."""
+    """Read the ``outputs`` list; each output's ``binary_data`` beats the request default;
+    those in shared memory get their place in ``shm``."""
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -428,8 +442,8 @@ def _parse_outputs(
         params = item.get("parameters", {})
         if not isinstance(params, dict):
             raise unable("parameters", name, model, "expected a JSON object", kind="output")
-        if any(key in params for key in _SHM_PARAMS):
-            raise shared_memory_unsupported("output", name, model)
+        if any(key in params for key in SHM_KEYS):
+            shm[name] = http_shm_output(params, name, model)
         binary = params.get("binary_data", binary_data_output)
         if not isinstance(binary, bool):
             raise unable("binary_data", name, model, NOT_BOOL, kind="output")

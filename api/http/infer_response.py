@@ -13,6 +13,8 @@ import orjson
 
 from sluice.api.http.json_tensors import wire_to_json
 from sluice.api.parameters import select_outputs
+from sluice.api.shared_memory import RegionSlice
+from sluice.api.shm_tensors import write_output
 from sluice.broker.messages import RequestedOutput, WireTensor
 
 __all__ = ["HEADER_LENGTH_HEADER", "encode_infer_response"]
@@ -31,6 +33,7 @@ def encode_infer_response(
     binary_data_output: bool,
     parameters: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
+    shm_outputs: Mapping[str, RegionSlice] | None = None,
 ) -> tuple[bytes, dict[str, str]]:
     """Build an HTTP inference response body.
 
@@ -47,6 +50,10 @@ def encode_infer_response(
         parameters: response parameters; the member is left out when empty.
         extra: members written first in the JSON object (an async job's ``id``,
             ``state`` and times: docs/reference/http-protocol.md, Async jobs).
+        shm_outputs: outputs to write into client shared memory, by name: their
+            entries carry name, datatype and shape but no data and no
+            ``parameters``, as Triton's (``src/http_server.cc``, an output whose
+            allocation is shared memory gets neither).
 
     Returns:
         ``(body, headers)``. With at least one binary output the body is the
@@ -60,13 +67,15 @@ def encode_infer_response(
 
     Raises:
         SluiceError: INVALID_ARG for FP16/BF16 or non-UTF-8 BYTES asked for as
-            JSON; INTERNAL when a tensor's bytes do not fit its shape or a
-            requested output is missing.
+            JSON; INTERNAL when a tensor's bytes do not fit its shape, a
+            requested output is missing or an output is larger than its
+            shared-memory slice.
     """
     selected = [
         (tensor, binary_data_output if wanted is None else wanted.binary)
         for tensor, wanted in select_outputs(outputs, requested)
     ]
+    shm_outputs = shm_outputs or {}
 
     response: dict[str, Any] = dict(extra) if extra else {}
     response["model_name"] = model
@@ -83,7 +92,9 @@ def encode_infer_response(
             "datatype": tensor.datatype,
             "shape": list(tensor.shape),
         }
-        if binary:
+        if tensor.name in shm_outputs:
+            write_output(shm_outputs[tensor.name], tensor)
+        elif binary:
             entry["parameters"] = {"binary_data_size": len(tensor.data)}
             chunks.append(tensor.data)
         else:
@@ -92,7 +103,7 @@ def encode_infer_response(
     response["outputs"] = json_outputs
 
     header = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
-    if not any(binary for _, binary in selected):
+    if not chunks:  # no binary output
         return header, {"Content-Type": "application/json"}
     headers = {
         HEADER_LENGTH_HEADER: str(len(header)),

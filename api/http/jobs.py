@@ -24,6 +24,7 @@ from sluice.api.http.body import compress, decompress, negotiate_encoding
 from sluice.api.http.infer import parse_body
 from sluice.api.http.infer_response import encode_infer_response
 from sluice.api.http.routes import dataplane, json_response
+from sluice.api.shm_tensors import refuse_shared_memory
 from sluice.broker.errors import invalid_arg, too_large
 from sluice.broker.job_records import JobKind, JobRequest
 from sluice.broker.states import JobState
@@ -153,6 +154,7 @@ async def _submit(request: Request, model: str, version: int | None) -> Response
         record = await jobs.submit_bulk_file(view, version, input_file, ttl_s)
     else:
         parsed, _ = parse_body(limit, view, headers, raw)
+        refuse_shared_memory(parsed.shm, view.name, "an async job")
         job_request = JobRequest(
             client_id=parsed.client_id,
             inputs=parsed.inputs,

@@ -44,7 +44,8 @@ import httptools
 import orjson
 
 from sluice.api.http.coalescing import CoalescingHttpToolsProtocol, CoalescingTransport
-from sluice.api.http.infer import InferEndpoint, cancel_unanswered
+from sluice.api.http.cycle_io import cancel_unanswered
+from sluice.api.http.infer import InferEndpoint
 from sluice.broker.errors import too_large
 
 #: most bytes a request line and its headers may take, in bytes.
@@ -105,7 +106,7 @@ class HttpProtocol(CoalescingHttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Stop the read timer; an infer request queued and not answered yet is cancelled
-        (:func:`api.http.infer.cancel_unanswered`). A loss is seen while the connection is
+        (:func:`api.http.cycle_io.cancel_unanswered`). A loss is seen while the connection is
         read: not once the client half-closed it (it is answered), nor while uvicorn stops
         reading it because a request is pipelined behind the one being answered."""
         if self._read_timer is not None:

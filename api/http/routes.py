@@ -1,5 +1,6 @@
 """Every HTTP route but inference (:mod:`api.http.infer`): health, metadata and config,
-statistics, the model repository, logging, shared memory and trace.
+statistics, the model repository, logging and trace (shared memory:
+:mod:`api.http.shm_routes`).
 
 Each route converts the request, calls the gateway's handlers (:mod:`api.handlers`,
 shared with gRPC) and answers Triton's JSON shapes; errors raised here are answered by
@@ -17,7 +18,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from sluice.api.dataplane import DataPlane
-from sluice.api.handlers.metadata import SHM_DISABLED
 from sluice.api.repository_params import load_parameters, unload_dependents
 from sluice.broker.errors import ErrorCode, SluiceError, invalid_arg
 
@@ -230,29 +230,7 @@ async def update_logging(request: Request) -> Response:
     return json_response(dataplane(request).log_settings.update(changes))
 
 
-# -- shared memory: answered, not implemented (api.handlers.metadata) ---------------------
-
-
-async def shm_status() -> Response:
-    """No region is ever registered: an empty list."""
-    return json_response([])
-
-
-async def shm_register() -> Response:
-    """Refused: client shared memory is off (501)."""
-    raise SluiceError(ErrorCode.UNSUPPORTED, SHM_DISABLED)
-
-
-async def shm_unregister() -> Response:
-    """Nothing to unregister: succeeds with an empty body."""
-    return Response(status_code=200)
-
-
-for _kind in ("systemsharedmemory", "cudasharedmemory"):
-    for _prefix in (f"/v2/{_kind}", f"/v2/{_kind}/region/{{name}}"):
-        router.add_api_route(f"{_prefix}/status", shm_status, methods=["GET"])
-        router.add_api_route(f"{_prefix}/unregister", shm_unregister, methods=["POST"])
-    router.add_api_route(f"/v2/{_kind}/region/{{name}}/register", shm_register, methods=["POST"])
+# -- trace (api.trace_settings) ------------------------------------------------------------
 
 
 @router.get("/v2/trace/setting")

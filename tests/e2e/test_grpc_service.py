@@ -115,36 +115,38 @@ def test_statistics(grpc_client, server) -> None:
     assert err.message() == "requested model 'nope' is not available"
 
 
-def test_shared_memory_answered_as_disabled(grpc_client) -> None:
-    assert grpc_client.get_system_shared_memory_status(as_json=True) == {}
+def test_cuda_shared_memory_refused_as_without_gpus(grpc_client) -> None:
+    """CUDA shared memory is answered as a Triton built without GPU support answers it
+    (system shared memory: tests/e2e/test_shared_memory.py)."""
     assert grpc_client.get_cuda_shared_memory_status(as_json=True) == {}
-    grpc_client.unregister_system_shared_memory()
     grpc_client.unregister_cuda_shared_memory()
-    err = _raises(grpc_client.register_system_shared_memory, "r", "/key", 64)
-    assert err.status() == "StatusCode.UNIMPLEMENTED"
-    assert err.message().startswith("Client shared memory is disabled")
     err = _raises(grpc_client.register_cuda_shared_memory, "r", b"\0" * 64, 0, 64)
-    assert err.status() == "StatusCode.UNIMPLEMENTED"
+    assert err.status() == "StatusCode.INVALID_ARGUMENT"
+    assert err.message() == "failed to register CUDA shared memory region: 'r', GPUs not supported"
+    err = _raises(grpc_client.get_cuda_shared_memory_status, "r")
+    assert err.status() == "StatusCode.NOT_FOUND"
 
 
-def test_shared_memory_answered_alike_over_http(server) -> None:
+def test_cuda_shared_memory_answered_alike_over_http(server) -> None:
     """The HTTP endpoints answer as the gRPC ones: empty status, unregister succeeds,
-    register refused (501, the same text)."""
+    register refused (400, the same text)."""
     import tritonclient.http as httpclient
 
     client = httpclient.InferenceServerClient(server.http_url)
     try:
-        assert client.get_system_shared_memory_status() == []
-        assert client.get_system_shared_memory_status("r") == []
         assert client.get_cuda_shared_memory_status() == []
-        client.unregister_system_shared_memory()
-        client.unregister_system_shared_memory("r")
         client.unregister_cuda_shared_memory()
-        err = _raises(client.register_system_shared_memory, "r", "/key", 64)
-        assert err.status() == "501"
-        assert err.message().startswith("Client shared memory is disabled")
+        client.unregister_cuda_shared_memory("r")
         err = _raises(client.register_cuda_shared_memory, "r", b"\0" * 64, 0, 64)
-        assert err.status() == "501"
+        assert err.status() == "400"
+        assert err.message() == (
+            "failed to register CUDA shared memory region: 'r', GPUs not supported"
+        )
+        err = _raises(client.get_cuda_shared_memory_status, "r")
+        assert (err.status(), err.message()) == (
+            "404",
+            "Unable to find cuda shared memory region: 'r'",
+        )
     finally:
         client.close()
 

@@ -30,7 +30,7 @@ def test_model_ready(http_client) -> None:
 def test_server_metadata(http_client) -> None:
     meta = http_client.get_server_metadata()
     assert meta["name"] == "triton"
-    # what is implemented, in Triton's order (shared memory is not)
+    # what is implemented, in Triton's order (CUDA shared memory is not)
     assert meta["extensions"] == [
         "classification",
         "sequence",
@@ -38,6 +38,7 @@ def test_server_metadata(http_client) -> None:
         "model_repository(unload_dependents)",
         "schedule_policy",
         "model_configuration",
+        "system_shared_memory",
         "binary_tensor_data",
         "parameters",
         "statistics",

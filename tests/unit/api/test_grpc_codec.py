@@ -10,6 +10,7 @@ from tritonclient.grpc._utils import _get_inference_request
 
 from sluice.api.access import AccessPolicy, http_group, parse_spec
 from sluice.api.grpc.codec import encode_infer_response, parse_infer_request, parse_version
+from sluice.api.shm_tensors import ShmRef
 from sluice.broker.errors import ErrorCode, SluiceError
 from sluice.broker.messages import RequestedOutput, WireTensor
 
@@ -99,14 +100,20 @@ def test_typed_bytes_length_prefixed() -> None:
     assert wire.data == b"\x02\0\0\0ab\0\0\0\0"
 
 
-def test_raw_contents_skip_shm_inputs_are_refused_first() -> None:
+def test_raw_contents_skip_shm_inputs() -> None:
+    """The i-th raw_input_contents entry belongs to the i-th input not in shared memory."""
     request = service_pb2.ModelInferRequest(model_name="m")
     tensor = request.inputs.add(name="X", datatype="FP32", shape=[1])
     tensor.parameters["shared_memory_region"].string_param = "r"
-    with pytest.raises(SluiceError) as info:
-        parse_infer_request(request)
-    assert info.value.code == ErrorCode.UNSUPPORTED
-    assert info.value.message == "input 'X' of model 'm': shared memory is not supported"
+    tensor.parameters["shared_memory_byte_size"].int64_param = 4
+    tensor.parameters["shared_memory_offset"].int64_param = 8
+    request.inputs.add(name="Y", datatype="FP32", shape=[1])
+    request.raw_input_contents.append(b"\0\0\x80\x3f")
+    parsed = parse_infer_request(request)
+    assert [(t.name, t.data) for t in parsed.inputs] == [("X", b""), ("Y", b"\0\0\x80\x3f")]
+    assert parsed.shm is not None
+    assert parsed.shm.inputs == {"X": ShmRef("r", 8, 4)}
+    assert parsed.shm.outputs == {}
 
 
 @pytest.mark.parametrize(

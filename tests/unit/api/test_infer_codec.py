@@ -501,11 +501,12 @@ ERRORS: list[tuple[str, Any, int | None, ErrorCode, str]] = [
         ONE_OF,
     ),
     (
-        "shm",
+        "shm-without-byte-size",
         {"inputs": [_input(data=..., parameters={"shared_memory_region": "r"})]},
         None,
-        ErrorCode.UNSUPPORTED,
-        "input 'X' of model 'm': shared memory is not supported",
+        ErrorCode.INVALID_ARG,
+        "'shared_memory_byte_size' must be specified along with 'shared_memory_region' "
+        "parameter for tensor 'X'",
     ),
     (
         "binary-size-negative",
@@ -703,11 +704,12 @@ ERRORS: list[tuple[str, Any, int | None, ErrorCode, str]] = [
         "non-unsigned-integer as unsigned-integer",
     ),
     (
-        "output-shm",
-        {"inputs": [], "outputs": [{"name": "Y", "parameters": {"shared_memory_region": "r"}}]},
+        "output-shm-offset-without-region",
+        {"inputs": [], "outputs": [{"name": "Y", "parameters": {"shared_memory_offset": 8}}]},
         None,
-        ErrorCode.UNSUPPORTED,
-        "output 'Y' of model 'm': shared memory is not supported",
+        ErrorCode.INVALID_ARG,
+        "'shared_memory_offset' can not be specified without 'shared_memory_region' "
+        "parameter for tensor 'Y'",
     ),
     (
         "parameters-not-object",

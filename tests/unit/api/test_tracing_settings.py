@@ -205,7 +205,9 @@ def test_the_http_task_free_path_is_left_only_while_something_traces() -> None:
     from sluice.api.http.infer import InferEndpoint
 
     tracing = Tracing(TraceConfig())
-    dataplane = SimpleNamespace(submission=None, settings=GatewaySettings(), tracing=tracing)
+    dataplane = SimpleNamespace(
+        submission=None, settings=GatewaySettings(), tracing=tracing, shared_memory=None
+    )
     endpoint = InferEndpoint(app=None, dataplane=dataplane)  # type: ignore[arg-type]
     scope = {
         "method": "POST",

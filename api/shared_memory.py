@@ -1,0 +1,232 @@
+"""The shared-memory regions clients registered with this gateway process (Triton's
+system and CUDA shared-memory extensions).
+
+A client on the gateway's host creates a POSIX shared-memory object (``shm_open``; on
+Linux a file under ``/dev/shm``), registers a window of it by name (``key``, ``offset``,
+``byte_size``), and then names that region in an inference request's tensor parameters
+instead of sending the tensor's bytes. The gateway maps the window once, at register,
+reads inputs from it when it queues a request, and writes outputs into it when the
+answer comes back.
+
+Regions live in one gateway process: several gateways behind one port each have their
+own (docs/user-guide/shared-memory.md says what a client does about it). A region
+unregistered while a request that uses it is in flight stays mapped until that request
+is answered (the request holds it), as Triton does.
+
+Rules and texts: Triton ``src/shared_memory_manager.cc`` (``RegisterSystemSharedMemory``,
+``GetMemoryInfo``, ``GetStatus``, ``Unregister``) and ``src/common.cc``
+(``ValidateSharedMemoryKey``). CUDA shared memory is refused as a Triton built without
+GPU support refuses it (``src/http_server.cc`` ``HandleCudaSharedMemory``).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sluice.broker.errors import ErrorCode, SluiceError, invalid_arg
+
+__all__ = ["SHM_ROOT", "RegionSlice", "SharedMemoryRegistry", "SystemRegion"]
+
+#: where Linux keeps POSIX shared-memory objects (glibc's ``shm_open`` opens files here).
+SHM_ROOT = Path("/dev/shm")
+
+#: key prefix Triton keeps for the regions its Python backend creates (``src/common.h``).
+RESERVED_KEY_PREFIX = "triton_python_backend_shm_region_"
+
+
+def _not_found(name: str) -> SluiceError:
+    return SluiceError(ErrorCode.NOT_FOUND, f"Unable to find shared memory region: '{name}'")
+
+
+class SystemRegion:
+    """One registered window of a POSIX shared-memory object, mapped read-write.
+
+    Attributes:
+        name: the region's name (the ``shared_memory_region`` tensors give).
+        key: the shared-memory object's key, as registered (``/name`` or ``name``).
+        offset: where the window starts in the object, in bytes.
+        byte_size: the window's length, in bytes.
+        view: the window's bytes (``byte_size`` long), writable.
+    """
+
+    __slots__ = ("_map", "byte_size", "key", "name", "offset", "view")
+
+    def __init__(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self.name = name
+        self.key = key
+        self.offset = offset
+        self.byte_size = byte_size
+        fd = _open_key(name, key)
+        try:
+            size = os.fstat(fd).st_size
+            if offset + byte_size > size:
+                raise invalid_arg(f"failed to register shared memory region '{name}': invalid args")
+            # mmap offsets must be page multiples: map from the page the window starts in
+            start = offset - offset % mmap.ALLOCATIONGRANULARITY
+            length = offset + byte_size - start
+            try:
+                self._map = mmap.mmap(fd, length, mmap.MAP_SHARED, offset=start) if length else None
+            except (OSError, ValueError) as exc:
+                raise invalid_arg(
+                    f"failed to register shared memory region '{name}': unable to map the "
+                    f"region into the gateway's address space: {exc}"
+                ) from None
+        finally:
+            os.close(fd)
+        self.view = (
+            memoryview(self._map)[offset - start :] if self._map is not None else memoryview(b"")
+        )
+
+    def status(self) -> dict[str, Any]:
+        """The region as ``GET /v2/systemsharedmemory/status`` lists it."""
+        return {
+            "name": self.name,
+            "key": self.key,
+            "offset": self.offset,
+            "byte_size": self.byte_size,
+        }
+
+
+def _open_key(name: str, key: str) -> int:
+    """A read-write descriptor of the shared-memory object ``key``, as ``shm_open`` opens
+    it (leading slashes dropped; a key with another slash, ``.`` or ``..``, or that names
+    no regular file, is refused, so a key never reaches a file outside ``/dev/shm``).
+
+    Raises:
+        SluiceError: INVALID_ARG for an empty or reserved key, INTERNAL for a key that
+            cannot be opened (Triton's texts).
+    """
+    bare = key.lstrip("/")
+    if not bare:
+        raise invalid_arg(
+            f"cannot register shared memory region '{name}' - invalid shm key '{key}'"
+        )
+    if bare.startswith(RESERVED_KEY_PREFIX):
+        raise invalid_arg(
+            f"cannot register shared memory region '{name}' with key '{key}' as the key "
+            f"contains the reserved prefix '{RESERVED_KEY_PREFIX}'"
+        )
+    unable = SluiceError(ErrorCode.INTERNAL, f"Unable to open shared memory region: '{key}'")
+    if "/" in bare or bare in (".", ".."):
+        raise unable
+    try:
+        fd = os.open(SHM_ROOT / bare, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        raise unable from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise unable
+    return fd
+
+
+@dataclass(frozen=True, slots=True)
+class RegionSlice:
+    """The bytes one tensor takes in a region.
+
+    Attributes:
+        region: the region (kept, so it stays mapped while the request is in flight).
+        view: the tensor's bytes, ``byte_size`` long, writable.
+    """
+
+    region: SystemRegion
+    view: memoryview
+
+
+class SharedMemoryRegistry:
+    """The regions of one gateway process (one event loop: no locking)."""
+
+    def __init__(self) -> None:
+        self._system: dict[str, SystemRegion] = {}
+
+    # -- system shared memory ---------------------------------------------------------------
+
+    def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        """Map ``byte_size`` bytes at ``offset`` of the shared-memory object ``key``.
+
+        Raises:
+            SluiceError: INVALID_ARG without a name, for a bad key or a window past the
+                object's end; ALREADY_EXISTS for a name registered already; INTERNAL for
+                a key that cannot be opened.
+        """
+        if not name:
+            raise invalid_arg("'region name' is necessary to register system shared memory region")
+        if name in self._system:
+            raise SluiceError(
+                ErrorCode.ALREADY_EXISTS, f"shared memory region '{name}' already in manager"
+            )
+        if offset < 0 or byte_size < 0:
+            raise invalid_arg(f"failed to register shared memory region '{name}': invalid args")
+        self._system[name] = SystemRegion(name, key, offset, byte_size)
+
+    def unregister_system(self, name: str = "") -> None:
+        """Forget one region (a name never registered: nothing to do) or, with ``""``,
+        every region. A request in flight keeps its region mapped until it is answered."""
+        if name:
+            self._system.pop(name, None)
+        else:
+            self._system.clear()
+
+    def system_status(self, name: str = "") -> list[dict[str, Any]]:
+        """Every region (``""``, by name as Triton's ordered map lists them) or the one
+        named, as the status endpoints list them.
+
+        Raises:
+            SluiceError: NOT_FOUND for a name not registered.
+        """
+        if not name:
+            return [self._system[n].status() for n in sorted(self._system)]
+        region = self._system.get(name)
+        if region is None:
+            raise SluiceError(
+                ErrorCode.NOT_FOUND, f"Unable to find system shared memory region: '{name}'"
+            )
+        return [region.status()]
+
+    def slice(self, name: str, offset: int, byte_size: int) -> RegionSlice:
+        """``byte_size`` bytes at ``offset`` (relative to the region's start) of region
+        ``name``.
+
+        Raises:
+            SluiceError: NOT_FOUND for a region not registered; INVALID_ARG for an
+                offset at or past the region's end, or bytes past it (Triton's texts).
+        """
+        region = self._system.get(name)
+        if region is None:
+            raise _not_found(name)
+        if not 0 <= offset < region.byte_size:
+            raise invalid_arg(f"Invalid offset for shared memory region: '{name}'")
+        if byte_size < 0 or offset + byte_size > region.byte_size:
+            raise invalid_arg(f"Invalid offset + byte size for shared memory region: '{name}'")
+        return RegionSlice(region, region.view[offset : offset + byte_size])
+
+    # -- CUDA shared memory -----------------------------------------------------------------
+
+    def register_cuda(self, name: str) -> None:
+        """Refused: the gateway maps no CUDA memory (a Triton built without GPU support
+        answers the same).
+
+        Raises:
+            SluiceError: INVALID_ARG, always.
+        """
+        if not name:
+            raise invalid_arg("'region name' is necessary to register cuda shared memory region")
+        raise invalid_arg(
+            f"failed to register CUDA shared memory region: '{name}', GPUs not supported"
+        )
+
+    def cuda_status(self, name: str = "") -> list[dict[str, Any]]:
+        """No CUDA region is ever registered: ``[]``.
+
+        Raises:
+            SluiceError: NOT_FOUND for any name.
+        """
+        if name:
+            raise SluiceError(
+                ErrorCode.NOT_FOUND, f"Unable to find cuda shared memory region: '{name}'"
+            )
+        return []
