@@ -209,6 +209,8 @@ def _status_of(exc: BaseException) -> str:
         status = str(exc.status() or "")
         if "failed to connect to all addresses" in text:  # grpcio found no server
             return "refused"
+        if "stream is no longer in valid state" in text:  # not sent: the stream never opened
+            return "refused"
         if status.endswith("DEADLINE_EXCEEDED") and "deadline exceeded" in text:
             return "lost"  # the client's own deadline: the server never answered
         if status:
