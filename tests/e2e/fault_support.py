@@ -7,9 +7,10 @@ fault the suite counts requests
 
 * **accepted**: sent on a connection the server took (a refused connection is not),
 * **ok**: answered with the request's own id and ``2 v``,
-* **errors**, by status (HTTP status, gRPC code, ``stream error`` for an error answer
-  on the stream, which carries no code, ``conn`` for a connection closed without an
-  answer, job ``FAILURE``),
+* **errors**, by status: ``deadline`` for 503 / UNAVAILABLE ``Request timeout expired``
+  (no answer came within the request's deadline), else the HTTP status, the gRPC code,
+  ``stream error`` for an error answer on the stream (which carries no code), ``conn``
+  for a connection closed without an answer, job ``FAILURE``,
 * **lost**: accepted and not answered within the server's request deadline plus a margin
   (the client gave up waiting; a job not final by the end),
 * **twice**: a second answer for one id on the stream, or an answer carrying another
@@ -211,6 +212,8 @@ def _status_of(exc: BaseException) -> str:
             return "refused"
         if "stream is no longer in valid state" in text:  # not sent: the stream never opened
             return "refused"
+        if "request timeout expired" in text:  # 503 / UNAVAILABLE, no answer came in time
+            return "deadline"
         if status.endswith("DEADLINE_EXCEEDED") and "deadline exceeded" in text:
             return "lost"  # the client's own deadline: the server never answered
         if status:

@@ -1,8 +1,9 @@
 """The fault suite: each fault of :data:`fault_support.FAULTS` injected into a fresh
 deployment under a steady load over HTTP, gRPC, a gRPC stream (and async jobs where the
 fault is the job worker's). No accepted request is lost or answered twice, none gets
-another's answer, every error is one a client may retry (503 / UNAVAILABLE, or the
-connection of a killed gateway), only the killed process is restarted, and the load is
+another's answer, every error is one a client may retry (503 / UNAVAILABLE at once, or
+the connection of a killed gateway; none waits for its deadline but where Redis lost
+the request), only the killed process is restarted, and the load is
 served again (``benchmarks/faults.py`` prints the same rows as a table)."""
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def test_a_fault_under_load_loses_nothing_and_answers_once(fault: str, tmp_path:
     allowed = {"503", "UNAVAILABLE", "stream error"}
     if fault in CLOSE_CONNECTIONS:
         allowed |= {"conn", "CANCELLED"}
+    if fault == "Redis restarted empty":  # what it lost while queued ends at its deadline
+        allowed.add("deadline")
     assert set(row.errors) - {"refused (not accepted)"} <= allowed, report
     assert row.restarts == RESTARTS.get(fault, 0), report
     # every kind of client was served, and served again after the fault
