@@ -48,8 +48,8 @@ class Row:
 
 
 def split_rows(body: bytes, model: str) -> list[Row]:
-    """The rows of a JSON-lines body, with their ``custom_id``; a row without a string
-    ``custom_id`` or whose ``custom_id`` an earlier line has gets its ``problem``. A line
+    """The rows of a JSON-lines body, with their ``custom_id``; a row without a non-empty
+    string ``custom_id`` or whose ``custom_id`` an earlier line has gets its ``problem``. A line
     that is not JSON is left to :func:`parse_request` (which words the error as the
     synchronous endpoint does)."""
     rows: list[Row] = []
@@ -66,10 +66,12 @@ def split_rows(body: bytes, model: str) -> list[Row]:
         if not isinstance(document, dict):
             continue
         custom_id = document.get("custom_id")
-        if not isinstance(custom_id, str):
+        if not isinstance(custom_id, str) or not custom_id:
             what = (
                 "has no 'custom_id'"
                 if custom_id is None
+                else "has an empty 'custom_id'"
+                if custom_id == ""
                 else "has a 'custom_id' that is not a string"
             )
             row.problem = invalid_arg(f"line {index} of the bulk job of model '{model}' {what}")

@@ -1,6 +1,7 @@
 """Triton model repositories: scan, read ``config.pbtxt``, complete, validate.
 
-Imports only the stdlib, protobuf and tritonclient's ``model_config_pb2``.
+Imports only the stdlib, protobuf and tritonclient's ``model_config_pb2``; fsspec and its
+cloud filesystems only when a cloud repository is named (``cloud.py``, ``mirror.py``).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sluice.repository.errors import RepositoryError
+from sluice.repository.mirror import Repositories
 
 __all__ = ["ModelSource", "ScanResult", "scan_repositories", "version_directories"]
 
@@ -68,7 +69,9 @@ def scan_repositories(roots: Sequence[Path]) -> ScanResult:
 
     Args:
         roots: Repository roots in command-line order. The same root given
-            twice is scanned once.
+            twice is scanned once. :class:`~sluice.repository.mirror.Repositories`
+            (``sluice serve``'s) first brings its cloud repositories' local copies up
+            to date; one whose storage cannot be read is scanned as it was.
 
     Returns:
         The models, and the names that are duplicated across roots.
@@ -76,6 +79,8 @@ def scan_repositories(roots: Sequence[Path]) -> ScanResult:
     Raises:
         RepositoryError: A root does not exist or is not a directory.
     """
+    if isinstance(roots, Repositories):
+        roots.refresh()
     found: dict[str, list[ModelSource]] = {}
     seen_roots: set[Path] = set()
     for raw_root in roots:

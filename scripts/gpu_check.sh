@@ -13,7 +13,7 @@
 #       pydantic pydantic-settings prometheus-client celery pytest-asyncio skl2onnx
 # (then drop what the machine has: numpy, torch, ...), and a redis-server binary with its
 # libraries in .gpu/bin and .gpu/lib; they are installed under /tmp/site and put on the
-# paths first. Logs go to $OUT when it is set, else to /tmp.
+# paths first, with the project installed beside them. Logs go to $OUT when it is set, else to /tmp.
 set -u
 cd "$(dirname "$0")/.."
 logs=${OUT:-/tmp}
@@ -22,6 +22,9 @@ python=python3
 if [ "$python" = python3 ] && [ -d .whl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl || exit 3
+    # the project itself, editable (its one import name ``sluice`` maps the top-level
+    # folders; a plain copy would be shadowed by ./sluice)
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 3
     export PYTHONPATH=/tmp/site
 fi
 [ -d .gpu/bin ] && export PATH=$PWD/.gpu/bin:$PATH

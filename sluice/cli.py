@@ -33,6 +33,7 @@ from sluice.broker.deadline import exit_deadline
 from sluice.gpu_workers.processes import EXIT_GRACE_S
 from sluice.inert_flags import add_inert_arguments, warn_inert_flags
 from sluice.repository.errors import RepositoryError
+from sluice.repository.mirror import open_repositories
 from sluice.supervisor.deployment_lease import DeploymentTaken
 from sluice.supervisor.supervisor import GatewayStartError
 
@@ -49,8 +50,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         dest="model_repository",
         action="append",
         required=True,
-        type=Path,
-        help="model repository folder (repeatable)",
+        help="model repository: a folder, or s3://, gs://, as:// cloud storage (repeatable)",
     )
     p.add_argument("--http-address", default="0.0.0.0")
     p.add_argument("--http-port", type=int, default=8000)
@@ -167,14 +167,15 @@ def serve(args: argparse.Namespace) -> int:
         logger.error("--start-instances=false needs --model-control-mode=none")
         return 2
     try:
+        repositories = open_repositories(args.model_repository)  # cloud ones: copied here
         redis_url, redis_process = _resolve_redis(args.redis_url)
-    except RuntimeError as exc:
+    except (RepositoryError, RuntimeError) as exc:
         logger.error("%s", exc)
         return 1
     early_stop.private_redis = redis_process
     strict = args.disable_auto_complete_config or bool(args.strict_model_config)
     options = ServeOptions(
-        repositories=tuple(args.model_repository),
+        repositories=repositories,
         redis_url=redis_url,
         key_prefix=args.key_prefix,
         http_address=args.http_address,

@@ -342,11 +342,14 @@ class JobClient:
         """A finished single job's outputs.
 
         Raises:
-            JobError: the job failed (its status and error), was revoked, or is not done.
+            JobError: the job failed (its status and error), was revoked, is not done, or
+                is a bulk job (its answers are :meth:`output` lines).
         """
         body, headers = self._call("GET", f"/v2/jobs/{job_id}")
         length = headers.get("Inference-Header-Content-Length")
         job, arrays = decode_outputs(body, int(length) if length else None)
+        if job.get("kind") == "bulk":
+            raise JobError(409, f"job {job_id} is a bulk job: read its output() lines")
         if job["state"] != "SUCCESS":
             raise JobError(int(job.get("status", 409)), job.get("error") or f"job {job['state']}")
         return arrays

@@ -269,7 +269,7 @@ def children_of(pid: int) -> list[int]:
 
 
 def start_server(
-    repo: Path,
+    repo: Path | str,
     redis_url: str,
     log_path: Path,
     *extra: str,

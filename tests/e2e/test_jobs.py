@@ -301,6 +301,9 @@ def test_the_python_client_submits_waits_and_fetches(server: Server, capsys) -> 
     bulk = client.submit_bulk("add_sub", [add_sub_row(i) for i in range(50)])
     done = client.wait(bulk, progress=sys.stdout)
     assert done["request_counts"] == {"total": 50, "completed": 50, "failed": 0}
+    with pytest.raises(JobError, match="is a bulk job: read its output"):
+        client.result(bulk)
+    assert len(list(client.output(bulk))) == 50
     printed = capsys.readouterr().out
     assert f"job {job_id} SUCCESS" in printed
     assert "] 100% 50/50 rows, 0 failed," in printed

@@ -32,6 +32,7 @@ def _mlp_session(threads: int):  # type: ignore[no-untyped-def]
         [weight],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8  # an onnx newer than the onnxruntime beside it writes an IR it refuses
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     return ort.InferenceSession(

@@ -37,10 +37,13 @@ VIEW = ModelView(
 
 
 def test_rows_are_numbered_by_line_and_checked_for_custom_ids() -> None:
-    body = b'{"custom_id": "a"}\n\n  \n{"custom_id": 7}\n{"x": 1}\n[1]\n{oops\n{"custom_id": "a"}\n'
+    body = (
+        b'{"custom_id": "a"}\n\n  \n{"custom_id": 7}\n{"x": 1}\n[1]\n{oops\n{"custom_id": "a"}\n'
+        b'{"custom_id": ""}\n'
+    )
     rows = split_rows(body, "m")
     assert [(r.line, r.custom_id) for r in rows] == [
-        (1, "a"), (4, None), (5, None), (6, None), (7, None), (8, "a"),
+        (1, "a"), (4, None), (5, None), (6, None), (7, None), (8, "a"), (9, None),
     ]  # fmt: skip
     problems = {r.line: r.problem.message if r.problem else None for r in rows}
     assert problems == {
@@ -50,6 +53,7 @@ def test_rows_are_numbered_by_line_and_checked_for_custom_ids() -> None:
         6: None,  # not an object: the request parser words it
         7: None,  # not JSON: the request parser words it
         8: "line 8 of the bulk job of model 'm': 'custom_id' 'a' is also on line 1",
+        9: "line 9 of the bulk job of model 'm' has an empty 'custom_id'",
     }
 
 
