@@ -17,8 +17,9 @@ from fault_support import FAULTS, run_fault, table
 pytestmark = pytest.mark.e2e
 
 #: faults after which a request may run twice, by design: the killed instance's batch is
-#: claimed and run again by its peer (its gateway answers once)
-MAY_RUN_TWICE = {"SIGKILL an instance"}
+#: claimed and run again by its peer (its gateway answers once); a killed job worker's
+#: single jobs send their request again (each job still ends once)
+MAY_RUN_TWICE = {"SIGKILL an instance", "SIGKILL the job worker"}
 #: faults that end client connections without an answer: a gateway's, or every one
 CLOSE_CONNECTIONS = {
     "SIGKILL a gateway (of two on one port)",
