@@ -21,7 +21,7 @@ from hypothesis.extra import numpy as hnp
 from sluice.api.http.infer_request import parse_infer_request
 from sluice.api.http.json_tensors import json_to_wire, wire_to_json
 from sluice.broker.datatypes import deserialize_bytes, serialize_bytes
-from sluice.broker.errors import SluiceError
+from sluice.broker.errors import ErrorCode, SluiceError
 from sluice.broker.messages import WireTensor
 from sluice.broker.request_checks import TensorSpec
 
@@ -199,3 +199,23 @@ def test_any_bytes_decode_as_bytes_elements_or_are_refused(
     except ValueError:
         return
     assert serialize_bytes(items) == buffer
+
+
+@FUZZ
+@given(st.integers(1, 100_000), st.sampled_from(["data", "parameters", "outputs", "x"]))
+def test_json_nested_to_any_depth_is_parsed_or_refused_as_invalid(depth: int, member: str) -> None:
+    """Arrays nested ``depth`` deep in a member of the request: parsed (``data`` up to
+    Triton's limit of 100 levels) or INVALID_ARG, never a recursion error."""
+    nested = "[" * depth + "1" + "]" * depth
+    data = nested if member == "data" else "[1]"
+    tensor = f'{{"name":"X","shape":[1],"datatype":"INT32","data":{data}'
+    tensor += f',"parameters":{nested}}}' if member == "parameters" else "}"
+    extra = f',"{member}":{nested}' if member in ("outputs", "x") else ""
+    text = f'{{"inputs":[{tensor}]{extra}}}'
+    try:
+        parsed = parse_infer_request(text.encode(), None, model=MODEL)
+    except SluiceError as exc:
+        assert exc.code == ErrorCode.INVALID_ARG, exc
+        assert not (member == "data" and depth <= 100), exc  # within Triton's limit
+        return
+    assert parsed.inputs[0].data == (1).to_bytes(4, "little")
