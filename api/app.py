@@ -29,10 +29,11 @@ from sluice.api.http.jobs import router as jobs_router
 from sluice.api.http.routes import error_response, router
 from sluice.api.models import ModelRegistry
 from sluice.api.settings import GatewaySettings
+from sluice.broker.cluster import async_client
+from sluice.broker.cluster_multiplex import connect_multiplexed
 from sluice.broker.errors import SluiceError
 from sluice.broker.keys import KeySchema
 from sluice.broker.model_store import AsyncModelStore
-from sluice.broker.multiplex import MultiplexedConnection
 from sluice.broker.outage import OutageLog
 from sluice.broker.replies import ReplyRouter
 
@@ -43,7 +44,7 @@ _OUTAGE = OutageLog(logger, "HTTP requests")
 
 def connect(settings: GatewaySettings) -> redis.asyncio.Redis:
     """The gateway's one Redis client (RESP2, bytes replies, bounded calls)."""
-    return redis.asyncio.Redis.from_url(
+    return async_client(
         settings.redis.url,
         protocol=2,
         socket_timeout=settings.redis.socket_timeout_s + 5,
@@ -65,7 +66,7 @@ def build_dataplane(
     if registry is None:
         registry = ModelRegistry(AsyncModelStore(client, keys), settings.model_cache_s)
     router = ReplyRouter(settings.redis.url, keys.reply(settings.gateway_id))
-    connection = MultiplexedConnection(settings.redis.url, settings.redis.socket_timeout_s)
+    connection = connect_multiplexed(settings.redis.url, settings.redis.socket_timeout_s)
     return DataPlane(settings, client, registry, router, connection)
 
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import redis
 import redis.exceptions
 
+from sluice.broker.cluster import is_cluster_client
+from sluice.broker.cluster_direct import ClusterDirectConnection
 from sluice.broker.codec import CodecError, decode_request, encode_response
 from sluice.broker.direct import DirectConnection
 from sluice.broker.errors import BROKER_OUTAGE
@@ -52,7 +54,8 @@ class StreamConsumer:
     """Reads a model version's streams as one consumer of the instance group.
 
     Reads and finishes go through a :class:`DirectConnection` of their own (one
-    thread, the instance loop, uses them); recovery (``XPENDING``/``XCLAIM``) uses the
+    thread, the instance loop, uses them; one per primary of a Redis Cluster:
+    ``broker.cluster_direct``); recovery (``XPENDING``/``XCLAIM``) uses the
     client.
 
     Args:
@@ -63,7 +66,11 @@ class StreamConsumer:
 
     def __init__(self, client: redis.Redis, streams: Sequence[str], consumer: str) -> None:
         self._redis = client
-        self._direct = DirectConnection(client)
+        self._direct: DirectConnection | ClusterDirectConnection
+        if is_cluster_client(client):
+            self._direct = ClusterDirectConnection(client)
+        else:
+            self._direct = DirectConnection(client)
         self.streams = list(streams)
         self.consumer = consumer
         self._stream_args = [*self.streams, *(">" for _ in self.streams)]

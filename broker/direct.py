@@ -72,7 +72,9 @@ class DirectConnection:
             raise self._lost(exc) from exc
         self._owed += len(commands)
 
-    def pipeline(self, commands: Sequence[Command], last_blocks: bool = False) -> list[Any]:
+    def pipeline(
+        self, commands: Sequence[Command], last_blocks: bool = False, keep_owed: bool = False
+    ) -> list[Any]:
         """Send ``commands`` in one write and read their replies in order.
 
         With ``last_blocks`` (the last command is a blocking read, answered only when an
@@ -86,6 +88,10 @@ class DirectConnection:
         Linux wakes a TCP reader only when the bytes it has not taken yet reach the mark,
         so a reader that took the early replies would sleep through a short last reply
         until the socket timeout.
+
+        With ``keep_owed`` the replies of the commands sent by :meth:`send` come first in
+        the list, error replies among them returned, not raised (a Redis Cluster's
+        redirections are followed by the caller, ``broker.cluster_direct``).
 
         Returns:
             One raw reply per command (RESP2, bytes); an error reply is returned as the
@@ -131,6 +137,8 @@ class DirectConnection:
             if isinstance(reply, redis.exceptions.ConnectionError):
                 self.close()
                 raise reply
+        if keep_owed:
+            return replies
         for reply in replies[:owed]:
             if isinstance(reply, redis.exceptions.ResponseError):
                 raise reply

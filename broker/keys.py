@@ -108,20 +108,20 @@ class KeySchema:
 
     def cache_entry(self, digest: str) -> str:
         """String: one response cache entry (``broker.response_cache``)."""
-        return f"{self.prefix}cache:e:{digest}"
+        return f"{self.prefix}{{cache}}:e:{digest}"
 
     def cache_lru(self) -> str:
         """Sorted set: response cache entry key -> last use (ms since the epoch)."""
-        return f"{self.prefix}cache:lru"
+        return f"{self.prefix}{{cache}}:lru"
 
     def cache_bytes(self) -> str:
         """Integer: bytes the response cache entries hold."""
-        return f"{self.prefix}cache:bytes"
+        return f"{self.prefix}{{cache}}:bytes"
 
     def cache_stats(self) -> str:
         """Hash: the response cache's own counters (hits, misses, lookups, evictions,
         lookup_ns, insert_ns), added to by every gateway."""
-        return f"{self.prefix}cache:stats"
+        return f"{self.prefix}{{cache}}:stats"
 
     def latency_window(self, model: str, version: int) -> str:
         """Prefix of the version's latency histograms, one hash per age bucket (the bucket

@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 #: all at once from the caller's stack, instead of at the next loop iteration.
 FLUSH_AFTER_NS = 200_000
 
+#: what the error of a command that was written before its connection was lost ends with.
+MAY_HAVE_RUN = "(sent before the connection was lost: it may have run)"
+
 _Batch = list[tuple[Sequence[object], "asyncio.Future[Any]"]]
 
 
@@ -67,6 +70,10 @@ class MultiplexedConnection:
 
     async def start(self) -> None:
         """Start the watchdog (idempotent); the first command connects."""
+        self.open()
+
+    def open(self) -> None:
+        """:meth:`start` from a running event loop's synchronous code."""
         if self._watchdog is None:
             self._watchdog = asyncio.create_task(
                 self._watch_forever(), name="sluice-redis-watchdog"
@@ -295,7 +302,7 @@ class _Link(RedisProtocol):
         if self._error is not None:
             return
         error = _as_redis_error(exc)
-        self._error = type(error)(f"{error} (sent before the connection was lost: it may have run)")
+        self._error = type(error)(f"{error} {MAY_HAVE_RUN}")
         futures, self._inflight = self._inflight, deque()
         for future in futures:
             if not future.done():

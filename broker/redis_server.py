@@ -18,10 +18,12 @@ from collections.abc import Callable, Sequence
 
 import redis
 
+from sluice.broker.cluster import sync_client
+
 
 def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
     """Whether ``PING`` on ``url`` succeeds within ``timeout_s`` seconds."""
-    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    client = sync_client(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     try:
         return bool(client.ping())
     except redis.exceptions.RedisError:
@@ -59,7 +61,7 @@ def delete_prefix(url: str, prefix: str, timeout_s: float = 10.0) -> int:
     """
     if not prefix:
         raise ValueError("delete_prefix needs a non-empty prefix")
-    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    client = sync_client(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     deleted = 0
     try:
         batch: list[bytes] = []

@@ -20,6 +20,7 @@ import hiredis
 import redis.asyncio
 import redis.exceptions
 
+from sluice.broker.cluster import MAP_TIMEOUT_S, SlotMap, is_cluster, parse_cluster_url, redirection
 from sluice.broker.codec import CodecError, decode_response
 from sluice.broker.errors import TIMEOUT_TEXT, ErrorCode, SluiceError
 from sluice.broker.messages import InferResponseMessage
@@ -55,16 +56,42 @@ class ReplyRouter:
     """
 
     def __init__(self, url: str, reply_key: str, client_name: str | None = None) -> None:
-        # no socket timeout on the connection; a stalled one is noticed by the popper
-        self._pool = redis.asyncio.ConnectionPool.from_url(
-            url, protocol=2, socket_timeout=None, socket_connect_timeout=5,
-            client_name=client_name,
-        )  # fmt: skip
+        self._client_name = client_name
+        self._cluster = parse_cluster_url(url) if is_cluster(url) else None
+        self._slots = SlotMap(self._cluster.seeds) if self._cluster else None
+        self._pool = self._make_pool(url)
         self.reply_key = reply_key
         self._waiting: dict[str, asyncio.Future[InferResponseMessage]] = {}
         #: decoupled requests' response streams, by request id
         self.streams: dict[str, ResponseStream] = {}
         self._task: asyncio.Task[None] | None = None
+
+    def _make_pool(self, url: str) -> redis.asyncio.ConnectionPool:
+        # no socket timeout on the connection; a stalled one is noticed by the popper
+        if is_cluster(url):
+            url = self._cluster.node_url(self._cluster.seeds[0])  # type: ignore[union-attr]
+        return redis.asyncio.ConnectionPool.from_url(
+            url, protocol=2, socket_timeout=None, socket_connect_timeout=5,
+            client_name=self._client_name,
+        )  # fmt: skip
+
+    async def _cluster_pool(self) -> redis.asyncio.ConnectionPool:
+        """The pool of the primary serving the reply list's slot now (the map is read
+        again first, so a failover or a migrated slot is followed).
+
+        Raises:
+            redis.exceptions.ConnectionError: no node of the cluster answered.
+        """
+        assert self._cluster is not None and self._slots is not None
+        await self._slots.refresh_async(self._cluster, MAP_TIMEOUT_S)
+        address = self._slots.node_for(self.reply_key) or self._slots.any_node()
+        url = self._cluster.node_url(address)
+        if self._pool.connection_kwargs.get("port") != address[1] or (
+            self._pool.connection_kwargs.get("host") != address[0]
+        ):
+            await self._pool.disconnect()
+            self._pool = self._make_pool(url)
+        return self._pool
 
     async def start(self) -> None:
         """Start the reader task (idempotent)."""
@@ -177,7 +204,8 @@ class ReplyRouter:
         while True:
             popper = _Popper(self._deliver, command)
             try:
-                transport = await open_with(self._pool, popper, _POP_BLOCK_S + 5)
+                pool = self._pool if self._cluster is None else await self._cluster_pool()
+                transport = await open_with(pool, popper, _POP_BLOCK_S + 5)
             except (redis.exceptions.RedisError, TimeoutError, OSError) as exc:
                 outage.failed(exc)  # one line per outage, retried with backoff
                 await asyncio.sleep(backoff_s)
@@ -265,7 +293,11 @@ class _Popper(RedisProtocol):
             while (reply := self._parser.gets()) is not False:
                 self._queued -= 1
                 self._last_reply_ns = time.monotonic_ns()
-                if isinstance(reply, redis.exceptions.RedisError):
+                if redirection(reply) is not None:
+                    # a Redis Cluster moved the reply list's slot (a failover, a
+                    # migration): the reader connects to the slot's new primary
+                    self._set_lost()
+                elif isinstance(reply, redis.exceptions.RedisError):
                     logger.warning("reply reader: BLMPOP failed: %s", reply)
                 elif reply:
                     for payload in reply[1]:

@@ -15,10 +15,11 @@ computed behind one gateway answers the same request sent to any other. Rules
   entries are evicted to make room (:data:`CACHE_INSERT`), and a response larger than
   the whole cache is not stored.
 
-Keys (``KeySchema``): ``<prefix>cache:e:<digest>`` (the encoded response),
-``<prefix>cache:lru`` (sorted set: entry key -> last use, ms) and ``<prefix>cache:bytes``
-(bytes held). The insert script touches the entries it evicts without declaring
-them, so the cache needs a single Redis node (not Redis Cluster).
+Keys (``KeySchema``): ``<prefix>{cache}:e:<digest>`` (the encoded response),
+``<prefix>{cache}:lru`` (sorted set: entry key -> last use, ms) and ``<prefix>{cache}:bytes``
+(bytes held). They share the hash tag ``{cache}``: on a Redis Cluster the whole cache
+lives in one slot, so the insert script, which touches the entries it evicts without
+declaring them, reaches them on its own node.
 """
 
 from __future__ import annotations

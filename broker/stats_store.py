@@ -200,7 +200,7 @@ def fold_stats_shards(
     with client.pipeline(transaction=False) as pipe:
         for instance in instances:
             shard = keys.stats_shard(model, version, instance)
-            pipe.eval(FOLD_STATS.body, 3, base, shard, registry)
+            pipe.execute_command("EVAL", FOLD_STATS.body, 3, base, shard, registry)
         pipe.execute()
 
 
@@ -247,7 +247,7 @@ async def read_stats(
     async with client.pipeline(transaction=False) as pipe:
         for model, version in versions:
             base, registry = keys.stats(model, version), keys.stats_shards(model, version)
-            pipe.eval(READ_STATS.body, 2, base, registry)
+            pipe.execute_command("EVAL", READ_STATS.body, 2, base, registry)
         replies = await pipe.execute()
     return [merge_stats([_pairs(flat) for flat in reply]) for reply in replies]
 

@@ -26,6 +26,7 @@ import redis
 from google.protobuf import json_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
+from sluice.broker.cluster import sync_client
 from sluice.broker.codec import CodecError, decode_response, encode_request
 from sluice.broker.datatypes import from_numpy, to_numpy
 from sluice.broker.errors import ErrorCode, SluiceError
@@ -315,5 +316,5 @@ def install_bls(redis_url: str, keys: KeySchema, model: str, instance: str) -> N
     Redis client of their own (its pool gives each calling thread a connection)."""
     from sluice.gpu_workers.backends.python.pb_utils import bls
 
-    client = redis.Redis.from_url(redis_url, protocol=2, socket_timeout=30)
+    client = sync_client(redis_url, protocol=2, socket_timeout=30)
     bls.executor = BlsExecutor(client, keys, model, instance)

@@ -25,6 +25,7 @@ import redis
 from google.protobuf import json_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
+from sluice.broker.cluster import sync_client
 from sluice.broker.consumer import StreamConsumer
 from sluice.broker.deadline import exit_deadline
 from sluice.broker.keys import KeySchema
@@ -115,9 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging(f"worker {args.instance}", LogOptions.from_env(verbose=args.log_verbose))
     keys = KeySchema(args.key_prefix)
-    client = redis.Redis.from_url(
-        args.redis_url, protocol=2, socket_timeout=30, health_check_interval=10
-    )
+    client = sync_client(args.redis_url, protocol=2, socket_timeout=30, health_check_interval=10)
     store = ModelStore(client, keys)
 
     def report(state: InstanceState, reason: str = "") -> None:

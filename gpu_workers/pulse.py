@@ -29,6 +29,7 @@ import time
 
 import redis
 
+from sluice.broker.cluster import sync_client
 from sluice.gpu_workers.processes import start_child, terminate
 
 logger = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     # at once, whatever runs: a SystemExit raised inside redis-py's clean-up would print
     # an "Exception ignored" traceback; the kernel closes the socket
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    client = redis.Redis.from_url(
+    client = sync_client(
         os.environ[_URL_ENV], protocol=2, socket_timeout=max(1.0, args.interval * 2)
     )
     bump = client.register_script(_BUMP)

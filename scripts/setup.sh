@@ -24,6 +24,9 @@ if ls /opt/wheels/torch-2.13.0*cpu*.whl >/dev/null 2>&1; then
   TORCH_WHEEL=$(ls /opt/wheels/torch-2.13.0*cpu*.whl | head -n 1)
   echo "setup: installing torch from $TORCH_WHEEL"
   .venv/bin/python -m pip install -q "$TORCH_WHEEL"
+  # The sentence-embedding example (examples/nlp) needs torch for its ONNX export and as
+  # the in-process reference; with the CPU wheel in place its extra adds no CUDA build.
+  .venv/bin/python -m pip install -q -e ".[nlp]"
 fi
 .venv/bin/python examples/build_models.py
 echo "setup: done"

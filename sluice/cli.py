@@ -207,8 +207,10 @@ def serve(args: argparse.Namespace) -> int:
             f"another sluice serve ({exc}) runs with key prefix '{args.key_prefix}' at "
             f"{redacted(redis_url)}: stop it first, or give this deployment its own --key-prefix"
         )
-    except redis.exceptions.RedisError as exc:
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
         problem = f"cannot use Redis at {redacted(redis_url)}: {exc}"
+    except ValueError as exc:  # a malformed redis+cluster:// URL
+        problem = f"bad --redis-url: {exc}"
     except RepositoryError as exc:
         problem = str(exc)
     if problem is not None:

@@ -10,6 +10,9 @@ Docker's ``HEALTHCHECK`` and Kubernetes exec probes:
   server record in Redis says ``startup: done``).
 * ``instance --model M --version V [--instance NAME]``: the ``sluice worker`` named NAME
   (default this host's name, the worker's own default) is READY with a fresh heartbeat.
+* ``jobs [--host NAME]``: a ``sluice jobs`` worker on host NAME (default this host's
+  name; a job worker's Celery name is ``<worker id>@<host>``) answers Celery's ``ping``
+  through the deployment's Redis within :data:`CHECK_TIMEOUT_S`.
 
 Redis and the key prefix come from ``SLUICE_REDIS__URL`` and ``SLUICE_REDIS__KEY_PREFIX``,
 as for ``sluice worker``.
@@ -46,11 +49,12 @@ def check_control(redis_url: str, key_prefix: str) -> str | None:
     """None when the deployment's ``sluice serve`` finished loading, else why not."""
     import redis
 
+    from sluice.broker.cluster import sync_client
     from sluice.broker.keys import KeySchema
 
     keys = KeySchema(key_prefix)
     try:
-        with redis.Redis.from_url(redis_url, socket_timeout=CHECK_TIMEOUT_S) as client:
+        with sync_client(redis_url, socket_timeout=CHECK_TIMEOUT_S) as client:
             startup = client.hget(keys.server(), "startup")
     except redis.exceptions.RedisError as exc:
         return f"Redis at {redis_url}: {exc}"
@@ -66,12 +70,13 @@ def check_instance(
     """None when the instance is READY with a fresh heartbeat, else why not."""
     import redis
 
+    from sluice.broker.cluster import sync_client
     from sluice.broker.keys import KeySchema
     from sluice.broker.model_store import count_live
 
     keys = KeySchema(key_prefix)
     try:
-        with redis.Redis.from_url(redis_url, socket_timeout=CHECK_TIMEOUT_S) as client:
+        with sync_client(redis_url, socket_timeout=CHECK_TIMEOUT_S) as client:
             raw = client.hget(keys.instances(model, version), instance)
     except redis.exceptions.RedisError as exc:
         return f"Redis at {redis_url}: {exc}"
@@ -81,6 +86,31 @@ def check_instance(
     if not live:
         state = states.get(instance, "unknown")
         return f"instance '{instance}' is {state}, or its heartbeat is stale"
+    return None
+
+
+def check_jobs(redis_url: str, key_prefix: str, host: str) -> str | None:
+    """None when a job worker on ``host`` answers a Celery ping, else why not."""
+    import redis
+
+    from sluice.broker.celery_app import job_app
+    from sluice.broker.keys import KeySchema
+
+    try:  # fails fast where Celery's connection would retry for seconds
+        with redis.Redis.from_url(redis_url, socket_timeout=CHECK_TIMEOUT_S) as client:
+            client.ping()
+    except redis.exceptions.RedisError as exc:
+        return f"Redis at {redis_url}: {exc}"
+    app = job_app(redis_url, KeySchema(key_prefix), results=False)
+    try:
+        replies = app.control.ping(timeout=CHECK_TIMEOUT_S / 3)
+    except Exception as exc:  # kombu raises the transport's own errors
+        return f"Redis at {redis_url}: {exc}"
+    finally:
+        app.close()
+    names = [name for reply in replies for name in reply]
+    if not any(name.endswith(f"@{host}") for name in names):
+        return f"no job worker on host '{host}' answered a ping (answered: {names or 'none'})"
     return None
 
 
@@ -97,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     instance.add_argument("--model", required=True)
     instance.add_argument("--version", type=int, default=1)
     instance.add_argument("--instance", default=None)
+    jobs = sub.add_parser("jobs", help="a sluice jobs worker on this host answers a ping")
+    jobs.add_argument("--host", default=None)
     args = parser.parse_args(argv)
     redis_url = os.environ.get("SLUICE_REDIS__URL", "redis://127.0.0.1:6379/0")
     key_prefix = os.environ.get("SLUICE_REDIS__KEY_PREFIX", "sluice:")
@@ -104,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         problem = check_http(args.url)
     elif args.kind == "control":
         problem = check_control(redis_url, key_prefix)
+    elif args.kind == "jobs":
+        problem = check_jobs(redis_url, key_prefix, args.host or socket.gethostname())
     else:
         name = args.instance or socket.gethostname()
         problem = check_instance(redis_url, key_prefix, args.model, args.version, name)

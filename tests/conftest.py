@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 from hypothesis import HealthCheck, settings
 
+from sluice.broker.cluster import sync_client
 from sluice.broker.redis_server import redis_answers, start_private_redis, stop_private_redis
 
 TESTS = Path(__file__).parent
@@ -63,7 +63,7 @@ def key_prefix(redis_url: str) -> Iterator[str]:
     """A key prefix of this test alone; its keys are deleted afterwards."""
     prefix = f"sluice-test-{uuid.uuid4().hex[:8]}:"
     yield prefix
-    client = redis.Redis.from_url(redis_url)
+    client = sync_client(redis_url)
     try:
         keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
         if keys:

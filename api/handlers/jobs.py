@@ -26,6 +26,7 @@ import redis.asyncio
 from sluice.api.handlers.submission import Submission
 from sluice.api.models import ModelView
 from sluice.api.settings import GatewaySettings
+from sluice.broker.cluster import is_cluster
 from sluice.broker.errors import ErrorCode, SluiceError, invalid_arg, not_found
 from sluice.broker.job_records import JobKind, JobRecord, JobRequest, encode_job_request
 from sluice.broker.job_store import JobStore
@@ -172,6 +173,19 @@ class Jobs:
         return record
 
     def _new(self, kind: JobKind, model: str, version: int | None, ttl_s: int) -> JobRecord:
+        """A new PENDING job record.
+
+        Raises:
+            SluiceError: UNSUPPORTED on a Redis Cluster (Celery's Redis transport, which
+                carries the jobs' tasks, does not speak the cluster protocol).
+        """
+        if is_cluster(self._settings.redis.url):
+            raise SluiceError(
+                ErrorCode.UNSUPPORTED,
+                f"async jobs of model '{model}' need a single Redis: this deployment's "
+                "Redis is a Redis Cluster, which Celery does not support",
+                model=model,
+            )
         now_ns = time.time_ns()
         return JobRecord(
             id=uuid.uuid4().hex,

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import time
 
+from sluice.broker.cluster import is_cluster
 from sluice.gpu_workers.processes import Spawner
 
 __all__ = ["JobWorkers"]
@@ -24,11 +25,21 @@ class JobWorkers:
 
     Args:
         spawner: starts processes with the deployment's Redis settings.
-        count: how many (0: none).
+        count: how many (0: none). None are started on a Redis Cluster, whose protocol
+            Celery's Redis transport does not speak (a warning says so).
         log_verbose: Triton ``--log-verbose`` passed to them.
+        redis_url: the deployment's Redis URL.
     """
 
-    def __init__(self, spawner: Spawner, count: int, log_verbose: int = 0) -> None:
+    def __init__(
+        self, spawner: Spawner, count: int, log_verbose: int = 0, redis_url: str = ""
+    ) -> None:
+        if count and is_cluster(redis_url):
+            logger.warning(
+                "async jobs need a single Redis (Celery does not speak Redis Cluster): "
+                "no job worker started"
+            )
+            count = 0
         self._spawner = spawner
         self._log_verbose = log_verbose
         self.processes: list[subprocess.Popen[bytes] | None] = [None] * count

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import redis
 
+from sluice.broker.cluster import sync_client
 from sluice.broker.codec import CodecError
 from sluice.broker.control import (
     answer,
@@ -94,13 +95,10 @@ class Supervisor:
     def __init__(self, options: ServeOptions) -> None:
         self.options = options
         self.keys = KeySchema(options.key_prefix)
-        self.client = redis.Redis.from_url(options.redis_url, protocol=2, socket_timeout=30)
+        self.client = sync_client(options.redis_url, protocol=2, socket_timeout=30)
         self.store = ModelStore(self.client, self.keys)
-        self.lease = DeploymentLease(
-            self.client,
-            self.keys.deployment(),
-            f"host {socket.gethostname()} pid {os.getpid()} HTTP port {options.http_port}",
-        )
+        holder = f"host {socket.gethostname()} pid {os.getpid()} HTTP port {options.http_port}"
+        self.lease = DeploymentLease(self.client, self.keys.deployment(), holder)
         env = dict(options.extra_env)
         if options.gateway_processes > 1:
             env["SLUICE_REUSE_PORT"] = "1"
@@ -128,7 +126,9 @@ class Supervisor:
         )
         #: none with --start-gateway=false (gateway_processes 0)
         self.gateways: list[subprocess.Popen[bytes] | None] = [None] * options.gateway_processes
-        self.job_workers = JobWorkers(self.spawner, options.job_workers, options.log_verbose)
+        self.job_workers = JobWorkers(
+            self.spawner, options.job_workers, options.log_verbose, options.redis_url
+        )
         self._stopping = False
         self._gateways_signalled = False
         #: ends the process if the shutdown outlives the exit timeout (Redis stalled)

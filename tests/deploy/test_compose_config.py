@@ -12,9 +12,10 @@ import yaml
 from docker_support import COMPOSE_DIR, DockerUnavailable, compose_command
 
 PROFILES = {
-    "": {"redis", "sluice", "gateway", "digits", "add_sub", "proxy"},
+    "": {"redis", "sluice", "gateway", "digits", "add_sub", "jobs", "proxy"},
     "gpu": {"digits-gpu"},
     "monitoring": {"prometheus", "grafana"},
+    "flower": {"flower"},
 }
 
 

@@ -2,7 +2,9 @@
 image, driven with tritonclient through its published ports.
 
 Builds the images (layers cached between runs), starts the stack, waits for readiness,
-runs examples/client.py against it (exact match with in-process ONNX Runtime), scales
+runs examples/client.py against it (exact match with in-process ONNX Runtime), runs an
+async job on the job worker service and polls it to SUCCESS (Flower, started with the
+flower profile, lists its task), scales
 the digits instances 1 -> 3, SIGKILLs one instance container and scales back to 1 under
 a bounded load that must lose no request, then takes the stack down and finds no
 container, network or volume of it left. Skipped where Docker cannot run.
@@ -45,6 +47,8 @@ pytestmark = pytest.mark.docker
 READY_S = 240.0
 #: longest wait for the instances to reach a count after scaling, in s
 SCALE_S = 120.0
+#: longest wait for an async job to finish, and for the jobs service to be healthy, in s
+JOB_S = 90.0
 #: images per request of the load
 BATCH = 4
 
@@ -125,7 +129,9 @@ def _model_repository(where: Path) -> Path:
 
 
 def _environment(project: str, base: str, repo: Path, bridge: bool) -> dict[str, str]:
-    ports = {name: str(free_port()) for name in ("HTTP_PORT", "GRPC_PORT", "METRICS_PORT")}
+    ports = {
+        name: str(free_port()) for name in ("HTTP_PORT", "GRPC_PORT", "METRICS_PORT", "FLOWER_PORT")
+    }
     env = {
         **os.environ,
         **ports,
@@ -148,6 +154,8 @@ def _environment(project: str, base: str, repo: Path, bridge: bool) -> dict[str,
             "PROXY_HTTP_PORT": ports["HTTP_PORT"],
             "PROXY_GRPC_PORT": ports["GRPC_PORT"],
             "PROXY_METRICS_PORT": ports["METRICS_PORT"],
+            "FLOWER_ADDRESS": "127.0.0.1",
+            "FLOWER_INTERNAL_PORT": ports["FLOWER_PORT"],
             "DNS_SERVER": "127.0.0.1:53",
         }
     return env
@@ -167,6 +175,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             files = ["-f", "docker-compose.yml"]
             if not bridge:
                 files += ["-f", str(Path(__file__).parent / "host-network.yml")]
+            files += ["--profile", "flower"]  # built and started with the rest
             project = f"sluicetest{uuid.uuid4().hex[:8]}"
             env = _environment(project, base, _model_repository(where), bridge)
             stack = Stack(
@@ -213,6 +222,72 @@ def test_client_matches_in_process_onnxruntime(stack: Stack) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "match: exact" in result.stdout, result.stdout
+
+
+def test_an_async_job_runs_on_the_jobs_service(stack: Stack) -> None:
+    """A single job submitted through the published port runs on the ``jobs`` service (the
+    ``sluice`` service starts no job worker) and is polled to SUCCESS with add_sub's
+    outputs; the service's own health check (a Celery ping) says healthy, and Flower
+    lists the job's task."""
+    base = f"http://127.0.0.1:{stack.http_port}"
+    a = [float(i) for i in range(16)]
+    b = [0.5] * 16
+    body = {
+        "inputs": [
+            {"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": a},
+            {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "data": b},
+        ]
+    }
+    submitted = requests.post(f"{base}/v2/models/add_sub/jobs", json=body, timeout=10)
+    assert submitted.status_code == 202, submitted.text
+    job = submitted.json()
+    assert submitted.headers["location"] == f"/v2/jobs/{job['id']}"
+    deadline = time.monotonic() + JOB_S
+    while job["state"] not in ("SUCCESS", "FAILURE", "REVOKED"):
+        assert time.monotonic() < deadline, f"job still {job['state']}\n{stack.logs()}"
+        time.sleep(0.5)
+        job = requests.get(f"{base}/v2/jobs/{job['id']}", timeout=10).json()
+    assert job["state"] == "SUCCESS", job
+    outputs = {o["name"]: o for o in job["outputs"]}
+    assert outputs["OUTPUT0"]["data"] == [x + y for x, y in zip(a, b, strict=True)]
+    assert outputs["OUTPUT1"]["data"] == [x - y for x, y in zip(a, b, strict=True)]
+    (worker,) = stack.containers("jobs")
+    while (health := _health(worker)) != "healthy":
+        assert time.monotonic() < deadline, f"jobs service {health}\n{stack.logs()}"
+        time.sleep(1)
+    _flower_shows(stack, job["id"])
+
+
+def _flower_shows(stack: Stack, job_id: str) -> None:
+    """Flower (profile flower) turns healthy and lists the job's Celery task (the job id
+    is the task id) as SUCCESS, run by a worker of the jobs service."""
+    flower = f"http://127.0.0.1:{stack.env['FLOWER_PORT']}"
+    query = (
+        "draw=1&start=0&length=50&search%5Bvalue%5D=&order%5B0%5D%5Bcolumn%5D=0"
+        "&order%5B0%5D%5Bdir%5D=asc&columns%5B0%5D%5Bdata%5D=name"
+    )
+    deadline = time.monotonic() + JOB_S
+    tasks: dict[str, dict] = {}
+    while tasks.get(job_id, {}).get("state") != "SUCCESS":
+        assert time.monotonic() < deadline, f"Flower shows {tasks}\n{stack.logs()}"
+        time.sleep(1)
+        try:
+            if requests.get(f"{flower}/healthcheck", timeout=5).text != "OK":
+                continue
+            rows = requests.get(f"{flower}/tasks/datatable?{query}", timeout=5).json()["data"]
+        except (requests.RequestException, ValueError):
+            continue
+        tasks = {row["uuid"]: row for row in rows}
+    assert tasks[job_id]["name"] == "sluice.jobs.run"
+    assert tasks[job_id]["worker"].startswith("jobs-"), tasks[job_id]
+
+
+def _health(container: str) -> str:
+    result = subprocess.run(
+        ["docker", "inspect", "--format", "{{.State.Health.Status}}", container],
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    return result.stdout.strip()
 
 
 class Load:

@@ -28,6 +28,7 @@ import redis
 import requests
 from onnx import TensorProto, helper
 
+from sluice.broker.cluster import sync_client
 from sluice.broker.redis_server import delete_prefix, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -180,7 +181,7 @@ def repository_of(model_repository: Path, where: Path, *models: str) -> Path:
 def instance_records(server: Server, model: str, version: int = 1) -> dict[str, dict]:
     """The instance records (name -> state, pid, heartbeat) of a model version in the
     server's Redis."""
-    client = redis.Redis.from_url(server.redis_url)
+    client = sync_client(server.redis_url)
     try:
         raw = client.hgetall(f"{server.key_prefix}{{{model}}}:instances:{version}")
     finally:

@@ -25,10 +25,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import redis
 from google.protobuf import json_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
+from sluice.broker.cluster import sync_client
 from sluice.broker.keys import KeySchema
 from sluice.gpu_workers.answers import Answers, output_datatypes
 from sluice.gpu_workers.backends.base import (
@@ -116,7 +116,7 @@ def _check_supported(config: ModelConfig) -> None:
 
 def _response_pump(ctx: InstanceContext) -> ResponsePump:
     """The pump of a decoupled model's instance, on a Redis connection pool of its own."""
-    client = redis.Redis.from_url(ctx.redis_url, protocol=2, socket_timeout=30)
+    client = sync_client(ctx.redis_url, protocol=2, socket_timeout=30)
     answers = Answers(
         ctx.model_name, ctx.model_version, ctx.load_id, output_datatypes(ctx.config),
         ctx.config.max_batch_size > 0,
