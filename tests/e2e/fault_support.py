@@ -521,7 +521,7 @@ class Deployment:
         """Start ``sluice serve`` again on the same ports, Redis and key prefix."""
         old = self.server
         self.server = start_server(
-            ledger_repo_path(self.where), self.redis.url, self.where / "serve-2.log",
+            self.where / "repo", self.redis.url, self.where / "serve-2.log",
             *SERVE_FLAGS, env=serve_env(self.where), key_prefix=old.key_prefix,
             ports=(old.http_port, old.grpc_port, old.metrics_port),
         )  # fmt: skip
@@ -540,10 +540,6 @@ def serve_env(where: Path) -> dict[str, str]:
         "SLUICE_JOB_WORKER__LEASE_S": "2",
         "SLUICE_JOB_WORKER__RETRY_BACKOFF_MAX_S": "2",
     }
-
-
-def ledger_repo_path(where: Path) -> Path:
-    return where / "repo"
 
 
 @contextlib.contextmanager
