@@ -23,6 +23,7 @@ from sluice.api.handlers import (
 from sluice.api.handlers.jobs import Jobs
 from sluice.api.log_settings import LogSettings
 from sluice.api.models import ModelRegistry
+from sluice.api.request_trace import Tracing
 from sluice.api.response_cache import ResponseCache
 from sluice.api.settings import GatewaySettings
 from sluice.broker.keys import KeySchema
@@ -52,6 +53,7 @@ class DataPlane:
         jobs: async jobs (accept, look up, cancel, list).
         queue: the model versions' request queues (cancellation, the exit's clean-up).
         log_settings: the logging extension's settings.
+        tracing: the trace extension's settings and this process's traces.
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class DataPlane:
         keys = KeySchema(settings.redis.key_prefix)
         self.shutdown = Shutdown()
         self.log_settings = LogSettings.from_options(settings.log_options())
+        self.tracing = Tracing(settings.trace)
         self.health = Health(settings, registry, self.shutdown)
         self.metadata = Metadata(settings, registry)
         self.repository = RepositoryControl(settings, client, keys, registry, router)

@@ -1,4 +1,4 @@
-"""Triton's gRPC, metrics, logging and endpoint-access flags (and Sluice's HTTP read
+"""Triton's gRPC, metrics, logging, trace and endpoint-access flags (and Sluice's HTTP read
 timeout), declared once for ``sluice serve`` and ``gateway``.
 
 ``sluice serve`` forwards the flags it was given to the gateway process verbatim
@@ -14,6 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.api.settings import GatewaySettings
+from sluice.api.trace_flags import (
+    add_trace_arguments,
+    apply_trace_arguments,
+    forward_trace_arguments,
+)
 from sluice.broker.latency_window import parse_quantiles
 from sluice.broker.response_cache import parse_cache_config
 
@@ -208,6 +213,7 @@ def add_frontend_arguments(parser: argparse.ArgumentParser) -> None:
     )
     for flag, _, help_text in _RESTRICT_FLAGS:
         parser.add_argument(flag, action="append", default=None, help=help_text)
+    add_trace_arguments(parser)
 
 
 def forward_frontend_arguments(args: argparse.Namespace) -> list[str]:
@@ -225,7 +231,7 @@ def forward_frontend_arguments(args: argparse.Namespace) -> list[str]:
     for flag, _, _ in _RESTRICT_FLAGS:
         for value in getattr(args, _dest(flag)) or ():
             argv += [flag, value]
-    return argv
+    return argv + forward_trace_arguments(args)
 
 
 def apply_frontend_arguments(
@@ -262,5 +268,6 @@ def apply_frontend_arguments(
             "grpc": type(settings.grpc).model_validate(grpc),
             "http": type(settings.http).model_validate(http),
             "metrics": type(settings.metrics).model_validate(metrics),
+            "trace": apply_trace_arguments(settings.trace, args),
         }
     )

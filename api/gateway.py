@@ -29,9 +29,11 @@ from sluice.api.gateway_args import add_gateway_arguments, check_access_specs, s
 from sluice.api.http.protocol import HttpProtocol
 from sluice.api.metrics import MetricsService, create_metrics_app
 from sluice.api.settings import GatewaySettings
+from sluice.broker.clock import check_clock_async
 from sluice.broker.errors import ErrorCode, SluiceError
 from sluice.broker.keys import KeySchema
 from sluice.broker.logs import configure_logging
+from sluice.broker.tracing import shutdown_tracers
 
 if TYPE_CHECKING:
     from sluice.api.grpc.server import GrpcFrontEnd
@@ -167,6 +169,7 @@ async def serve_gateway(settings: GatewaySettings) -> None:
             )
         )
     await dataplane.connection.start()
+    await check_clock_async(client, logger)
     await dataplane.router.start()
     if grpc_front is not None:
         await grpc_front.start()
@@ -242,6 +245,8 @@ async def serve_gateway(settings: GatewaySettings) -> None:
             logger.warning("could not take unanswered requests off the queues: %s", exc)
         await dataplane.connection.stop()
         await client.aclose()
+        dataplane.tracing.close()  # the trace file's pending traces; spans still batched:
+        shutdown_tracers()
 
 
 #: the gRPC server's grace once nothing is in flight any more, in s.

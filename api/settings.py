@@ -14,6 +14,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sluice.broker.latency_window import parse_quantiles
 from sluice.broker.logs import LogOptions
 from sluice.broker.settings import RedisSettings
+from sluice.broker.tracing import DEFAULT_OTLP_URL
+
+#: Triton's trace levels (``--trace-config level=``); ``OFF`` traces nothing.
+TRACE_LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
 
 
 class HttpSettings(BaseModel):
@@ -121,6 +125,50 @@ class JobSettings(BaseModel):
     "Request timeout expired"."""
 
 
+class TraceConfig(BaseModel):
+    """Triton's trace settings at start-up (``--trace-config``; docs/user-guide/tracing.md,
+    Triton ``docs/user_guide/trace.md``). The trace extension changes level, rate, count
+    and log frequency at run time (:mod:`api.trace_settings`)."""
+
+    mode: Literal["triton", "opentelemetry"] = "triton"
+    """``mode=``: ``triton`` writes Triton's JSON trace file, ``opentelemetry`` exports
+    spans over OTLP/HTTP."""
+    level: list[str] = Field(default_factory=lambda: ["OFF"])
+    """``level=`` (repeatable): ``OFF``, ``TIMESTAMPS``, ``TENSORS``."""
+    rate: int = Field(default=1000, ge=0)
+    """``rate=``: one request in ``rate`` is traced (0: only requests that carry a W3C
+    ``traceparent``, in OpenTelemetry mode)."""
+    count: int = Field(default=-1, ge=-1)
+    """``count=``: traces still to collect (-1: no limit)."""
+    file: str = ""
+    """``triton,file=``: the trace file (Triton mode)."""
+    log_frequency: int = Field(default=0, ge=0)
+    """``triton,log-frequency=``: write the file every this many traces, to
+    ``<file>.<n>`` (0: once, at exit)."""
+    url: str = DEFAULT_OTLP_URL
+    """``opentelemetry,url=``: the OTLP/HTTP endpoint spans are exported to."""
+    resource: list[str] = Field(default_factory=list)
+    """``opentelemetry,resource=<key>=<value>`` (repeatable): resource attributes."""
+    bsp_max_queue_size: int | None = Field(default=None, gt=0)
+    """``opentelemetry,bsp_max_queue_size=``: the batch span processor's queue (SDK
+    default 2048)."""
+    bsp_schedule_delay_ms: int | None = Field(default=None, gt=0)
+    """``opentelemetry,bsp_schedule_delay=``: longest wait between exports, in ms (SDK
+    default 5000)."""
+    bsp_max_export_batch_size: int | None = Field(default=None, gt=0)
+    """``opentelemetry,bsp_max_export_batch_size=``: spans per export (SDK default 512)."""
+
+    @field_validator("level")
+    @classmethod
+    def _levels(cls, value: list[str]) -> list[str]:
+        for level in value:
+            if level not in TRACE_LEVELS:
+                raise ValueError(
+                    f"unsupported trace level '{level}', expected one of {', '.join(TRACE_LEVELS)}"
+                )
+        return value
+
+
 class GatewaySettings(BaseSettings):
     """Everything one gateway process needs."""
 
@@ -133,6 +181,7 @@ class GatewaySettings(BaseSettings):
     grpc: GrpcSettings = GrpcSettings()
     metrics: MetricsSettings = MetricsSettings()
     jobs: JobSettings = JobSettings()
+    trace: TraceConfig = TraceConfig()
     gateway_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
     """Names this gateway's reply key; unique per process."""
     server_id: str = "triton"

@@ -20,6 +20,9 @@ from sluice.broker.messages import (
 )
 
 _VERSION = 1
+#: the trace context of every decoded request that is not traced: one shared empty dict
+#: (never changed in place), not one new dict per request
+_UNTRACED: dict[str, str] = {}
 
 
 class CodecError(ValueError):
@@ -50,24 +53,26 @@ def _unpack_tensors(raw: Any) -> tuple[WireTensor, ...]:
 
 
 def encode_request(message: InferRequestMessage) -> bytes:
-    """Serialize a request for ``XADD``; tensors travel as msgpack ``bin``."""
-    return _pack(
-        [
-            _VERSION,
-            message.request_id,
-            message.client_id,
-            message.model,
-            message.version,
-            _pack_tensors(message.inputs),
-            list(message.outputs),
-            message.parameters,
-            message.reply_to,
-            message.deadline_ns,
-            message.enqueued_ns,
-            message.classification,
-            message.load_id,
-        ]
-    )
+    """Serialize a request for ``XADD``; tensors travel as msgpack ``bin``. A traced
+    request's trace context is a last field; an untraced request has none."""
+    fields = [
+        _VERSION,
+        message.request_id,
+        message.client_id,
+        message.model,
+        message.version,
+        _pack_tensors(message.inputs),
+        list(message.outputs),
+        message.parameters,
+        message.reply_to,
+        message.deadline_ns,
+        message.enqueued_ns,
+        message.classification,
+        message.load_id,
+    ]
+    if message.trace:
+        fields.append(message.trace)
+    return _pack(fields)
 
 
 def decode_request(payload: bytes) -> InferRequestMessage:
@@ -93,6 +98,7 @@ def decode_request(payload: bytes) -> InferRequestMessage:
             classification,
         ) = fields[:12]
         load_id = fields[12] if len(fields) > 12 else ""  # a gateway without it: ""
+        trace = fields[13] if len(fields) > 13 else _UNTRACED  # not traced: no field
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise CodecError(f"undecodable request message: {exc}") from exc
     if version != _VERSION:
@@ -110,6 +116,7 @@ def decode_request(payload: bytes) -> InferRequestMessage:
         enqueued_ns=enqueued_ns,
         classification=classification,
         load_id=load_id if isinstance(load_id, str) else "",
+        trace=trace if isinstance(trace, dict) else _UNTRACED,
     )
 
 

@@ -68,6 +68,9 @@ class InferRequestMessage:
         load_id: the load of the version the gateway checked the request against
             (``VersionState.load_id``; empty: unknown). An instance of another load checks
             it again against its own config (``broker.request_checks``).
+        trace: a traced request's trace context (``broker.tracing``: ``traceparent``,
+            and ``url`` / ``resource`` in OpenTelemetry mode); empty, and not encoded,
+            for a request that is not traced.
     """
 
     request_id: str
@@ -82,6 +85,7 @@ class InferRequestMessage:
     enqueued_ns: int
     classification: dict[str, int] = field(default_factory=dict)
     load_id: str = ""
+    trace: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -104,7 +108,10 @@ class InferResponseMessage:
         error: set when the request failed; ``outputs`` is then empty.
         parameters: response parameters set by the model.
         timings: per-request durations in ns (queue, compute_input, compute_infer,
-            compute_output) as measured by the worker.
+            compute_output) as measured by the worker; for a traced request, the
+            instance's timestamps instead (``gpu_workers.tracing``: ``COMPUTE_START``,
+            ``COMPUTE_INPUT_END``, ``COMPUTE_OUTPUT_START``, ``COMPUTE_END``, wall-clock
+            ns since the epoch).
         load_id: the load of the model whose instance ran it (``VersionState.load_id``;
             "" when unknown): the response cache stores an answer only under the load
             that computed it.

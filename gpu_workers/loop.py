@@ -41,6 +41,7 @@ from sluice.gpu_workers.batch_assembly import (
     split_late,
 )
 from sluice.gpu_workers.sequence_assembly import SequenceAssembly
+from sluice.gpu_workers.tracing import record_traced
 
 logger = logging.getLogger(__name__)
 
@@ -136,12 +137,10 @@ class InstanceLoop:
     def run(self) -> None:
         """Loop until :attr:`stopping` is set, then run what is held and return.
 
-        A Redis that cannot be reached (connection lost, restarted, stalled past the
-        client's socket timeout) is tried again with backoff up to
-        :data:`REDIS_RETRY_MAX_S` while the instance keeps its model loaded and the
-        requests it holds; once Redis answers, :meth:`_resume` sends the deferred
-        answers and takes back the entries a lost read had delivered. A consumer group
-        that vanished (a Redis restarted without its data) is created again.
+        A Redis that cannot be reached (lost, restarted, stalled past the socket timeout)
+        is tried again with backoff up to :data:`REDIS_RETRY_MAX_S`, the model and the
+        held requests kept; then :meth:`_resume` sends the deferred answers and takes back
+        what a lost read delivered. A vanished consumer group is created again.
         """
         self.admit(self._consumer.read_own_pending())
         try:
@@ -183,9 +182,8 @@ class InstanceLoop:
             self._flush_kept()  # what cannot be sent stays pending in Redis for recovery
 
     def _resume(self) -> None:
-        """After Redis was unreachable: send the deferred answers and acknowledgements,
-        then admit this instance's pending entries (a read whose reply was lost delivered
-        them; those already held are skipped).
+        """After Redis was unreachable: send the deferred answers and acknowledgements, then
+        admit this instance's pending entries (a lost read's; those held are skipped).
 
         Raises:
             redis.exceptions.RedisError: Redis still unreachable.
@@ -409,6 +407,9 @@ class InstanceLoop:
         if late_done:
             late = {i for i, _ in late_done}
             successes = [(i, h) for i, h in successes if i not in late]
+        if any(h.delivery.message.trace for h in held):  # traced (gpu_workers.tracing)
+            stamps = (start, input_done, infer_done, done)
+            record_traced(held, answers, stamps, self._consumer.consumer)  # type: ignore[arg-type]
         times = ExecutionTimes(input_done - start, infer_done - input_done, done - infer_done)
         delta, durations = self._accounts.execution(
             held, [h for _, h in successes], failures, list(decode_errors), times, start, done

@@ -25,6 +25,7 @@ import redis
 from google.protobuf import json_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
+from sluice.broker.clock import check_clock
 from sluice.broker.cluster import sync_client
 from sluice.broker.consumer import StreamConsumer
 from sluice.broker.deadline import exit_deadline
@@ -118,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     keys = KeySchema(args.key_prefix)
     client = sync_client(args.redis_url, protocol=2, socket_timeout=30, health_check_interval=10)
     store = ModelStore(client, keys)
+    check_clock(client, logger)
 
     def report(state: InstanceState, reason: str = "") -> None:
         store.set_instance(

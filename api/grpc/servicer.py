@@ -27,8 +27,9 @@ from sluice.api.grpc.codec import (
 )
 from sluice.api.grpc.guard import REDIS_OUTAGE, RPC_GROUPS, guard_servicer
 from sluice.api.grpc.streaming import stream_infer
-from sluice.api.handlers.metadata import SHM_DISABLED, TRACE_UNSUPPORTED
+from sluice.api.handlers.metadata import SHM_DISABLED
 from sluice.api.repository_params import load_parameters, unload_dependents
+from sluice.api.request_trace import RequestTrace, header_traceparent
 from sluice.broker.errors import ErrorCode, SluiceError
 
 __all__ = ["InferenceServicer", "build_servicer"]
@@ -129,6 +130,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self,
         request: service_pb2.ModelInferRequest,
         on_queued: Callable[[], None] | None = None,
+        trace: RequestTrace | None = None,
     ) -> service_pb2.ModelInferResponse:
         model = request.model_name
         version = parse_version(request.model_version, model)
@@ -147,7 +149,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         parsed = parse_infer_request(request)
         result = await self._dp.submission.infer(
             model, version, parsed.client_id, parsed.inputs, parsed.outputs, parsed.parameters,
-            waited_ns, on_queued,
+            waited_ns, on_queued, trace,
         )  # fmt: skip
         REDIS_OUTAGE.ok()  # an answer came through Redis: an outage logged is over
         return encode_infer_response(
@@ -162,10 +164,29 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(
         self, request: service_pb2.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> service_pb2.ModelInferResponse:
-        """One inference; outputs in ``raw_output_contents`` (:mod:`api.grpc.codec`)."""
+        """One inference; outputs in ``raw_output_contents`` (:mod:`api.grpc.codec`),
+        traced when sampled (a W3C ``traceparent`` in the metadata is the parent)."""
         if self._compress_infer:
             context.set_compression(grpc.Compression.Gzip)
-        return await self._infer(request)
+        tracing = self._dp.tracing
+        if not tracing.active:
+            return await self._infer(request)
+        metadata = context.invocation_metadata() or ()
+        trace = tracing.start(request.model_name, "GRPC", header_traceparent(metadata))
+        if trace is None:
+            return await self._infer(request)
+        trace.stamp("GRPC_WAITREAD_END")
+        error: str | None = None
+        try:
+            response = await self._infer(request, trace=trace)
+        except Exception as exc:
+            error = str(exc)
+            raise
+        finally:
+            trace.stamp("GRPC_SEND_START")
+            trace.stamp("GRPC_SEND_END")
+            trace.finish(error)
+        return response
 
     async def ModelStreamInfer(
         self,
@@ -277,8 +298,21 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def TraceSetting(
         self, request: service_pb2.TraceSettingRequest, context: grpc.aio.ServicerContext
     ) -> service_pb2.TraceSettingResponse:
-        """The trace extension is not implemented."""
-        raise SluiceError(ErrorCode.UNSUPPORTED, TRACE_UNSUPPORTED)
+        """Empty map = get; otherwise update those keys (rules shared with HTTP; a key
+        with no value clears the model's own value)."""
+        changes = {
+            key: (list(value.value) if len(value.value) != 1 else value.value[0])
+            if value.value
+            else None
+            for key, value in request.settings.items()
+        }
+        current = await self._dp.tracing.setting(
+            self._dp.registry, request.model_name or None, changes or None
+        )
+        response = service_pb2.TraceSettingResponse()
+        for key, value in current.items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
 
     async def LogSettings(
         self, request: service_pb2.LogSettingsRequest, context: grpc.aio.ServicerContext

@@ -1,17 +1,14 @@
 """Server metadata, model metadata and model configuration; the extensions served and
-the two that are refused (trace, shared memory).
+the one that is refused (shared memory).
 
 Shapes: docs/reference/http-protocol.md (Server and model metadata, Model
 configuration JSON, Trace and shared memory); Triton ``src/http_server.cc``
 (``HandleServerMetadata``, ``HandleModelMetadata``, ``HandleModelConfig``).
 
-Two of Triton's extensions are answered without being implemented, over HTTP and
+One of Triton's extensions is answered without being implemented, over HTTP and
 gRPC alike, and left out of the server metadata's ``extensions`` (only what is
 implemented is advertised):
 
-* trace (``/v2/trace/setting``, ``/v2/models/{m}/trace/setting``, gRPC
-  ``TraceSetting``): refused with :data:`TRACE_UNSUPPORTED` (UNSUPPORTED: HTTP 501, gRPC
-  UNIMPLEMENTED), not with the 404 of a route that does not exist;
 * shared memory (``/v2/systemsharedmemory``, ``/v2/cudasharedmemory``, the gRPC
   ``*SharedMemory*`` calls): answered as Triton with client shared memory off (its
   default unless started with ``--allow-client-shm=true``). No region is ever
@@ -27,7 +24,7 @@ from typing import Any
 from sluice.api.models import ModelRegistry, ModelView
 from sluice.api.settings import GatewaySettings
 
-__all__ = ["EXTENSIONS", "SHM_DISABLED", "TRACE_UNSUPPORTED", "Metadata"]
+__all__ = ["EXTENSIONS", "SHM_DISABLED", "Metadata"]
 
 #: extensions this server implements, in Triton's order.
 EXTENSIONS = (
@@ -41,9 +38,8 @@ EXTENSIONS = (
     "parameters",
     "statistics",
     "logging",
+    "trace",  # api.trace_settings, api.request_trace
 )
-
-TRACE_UNSUPPORTED = "trace is not supported by this server"
 
 SHM_DISABLED = (
     "Client shared memory is disabled: this server does not implement the shared-memory extension"

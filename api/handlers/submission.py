@@ -23,6 +23,7 @@ from sluice.api.handlers.ensembles import EnsembleRunner
 from sluice.api.handlers.queueing import RequestQueue
 from sluice.api.handlers.shutdown import Shutdown, shutting_down
 from sluice.api.models import ModelRegistry, ModelView
+from sluice.api.request_trace import RequestTrace
 from sluice.api.response_cache import ResponseCache
 from sluice.api.settings import GatewaySettings
 from sluice.broker.errors import ErrorCode, SluiceError
@@ -96,6 +97,7 @@ class Submission:
         parameters: dict[str, ParameterValue],
         waited_ns: int = 0,
         on_queued: Callable[[], None] | None = None,
+        trace: RequestTrace | None = None,
     ) -> InferResult:
         """Validate, queue and await one inference request.
 
@@ -104,7 +106,8 @@ class Submission:
         already waited for the model's view, in ns (taken off the request timeout, with
         this call's own wait for it). ``on_queued`` is called once the request has been
         handed to the queue (before its answer is awaited), so that a caller can keep
-        the steps of one sequence in the order they arrived.
+        the steps of one sequence in the order they arrived. ``trace``: the request's
+        trace (:mod:`api.request_trace`), given the instance's timestamps.
 
         Raises:
             SluiceError: UNAVAILABLE once the gateway began shutting down,
@@ -119,11 +122,13 @@ class Submission:
             waited_ns += time.monotonic_ns() - started_ns
             pending = self.submit(
                 request_id, view, resolved, client_id, inputs, outputs, parameters,
-                waited_ns=waited_ns,
+                waited_ns=waited_ns, trace=trace,
             )  # fmt: skip
             if on_queued is not None:
                 on_queued()
             response = await pending
+            if trace is not None:
+                trace.answered(response)
             return self.result(view.name, client_id, response)
         except SluiceError as exc:
             self.log_failure(request_id, client_id, model, version, exc)
@@ -256,6 +261,7 @@ class Submission:
         checked: bool = False,
         waited_ns: int = 0,
         deadline_ns: int | None = None,
+        trace: RequestTrace | None = None,
     ) -> asyncio.Future[InferResponseMessage]:
         """Validate and queue one request without waiting; the future gets its response.
 
@@ -263,6 +269,10 @@ class Submission:
         (:meth:`resolve_for_infer`), in ns; its deadline is that much nearer.
         ``deadline_ns``: the request's wall-clock deadline (ns since the epoch) instead of
         the gateway's request timeout (an async job's own deadline).
+
+        ``trace``: the request's trace (:mod:`api.request_trace`): its message carries
+        the trace context to the instance (not through the response cache or an
+        ensemble, whose requests are traced at the gateway only).
 
         ``checked``: the caller knows that a request with the same inputs' names,
         datatypes, shapes and byte sizes and the same outputs passed
@@ -302,6 +312,12 @@ class Submission:
             classification={o.name: o.class_count for o in outputs if o.class_count > 0},
             load_id=state.load_id if state is not None else "",
         )
+        if trace is not None:
+            context = trace.queued(resolved, client_id, now_ns)
+            if view.ensemble is None and not (
+                self.cache is not None and view.config.response_cache.enable
+            ):
+                message.trace = context
         if view.ensemble is not None:
             return self._ensembles.submit(message, view)
         if self.cache is not None and view.config.response_cache.enable:

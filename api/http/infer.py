@@ -30,6 +30,7 @@ from sluice.api.http.header_cache import CachedHeader, HeaderCache
 from sluice.api.http.infer_request import HttpInferRequest, parse_infer_request
 from sluice.api.http.infer_response import encode_infer_response
 from sluice.api.models import ModelView
+from sluice.api.request_trace import RequestTrace, header_traceparent
 from sluice.broker.errors import SluiceError, invalid_arg
 from sluice.broker.messages import InferResponseMessage
 from sluice.broker.outage import OutageLog
@@ -140,6 +141,7 @@ def _submit(
     parsed: HttpInferRequest,
     kept: CachedHeader | None = None,
     waited_ns: int = 0,
+    trace: RequestTrace | None = None,
 ) -> asyncio.Future[InferResponseMessage]:
     """Validate and queue a parsed request (:meth:`Submission.submit`); a refusal is
     logged with the request's ids. A request of a kept header that passed the checks
@@ -160,6 +162,7 @@ def _submit(
             parsed.parameters,
             checked=checked,
             waited_ns=waited_ns,
+            trace=trace,
         )
     except SluiceError as exc:
         sub.log_failure(request_id, parsed.client_id, view.name, version, exc)
@@ -198,8 +201,10 @@ async def handle_infer(
     version: int | None,
     scope: Scope,
     receive: Receive,
+    trace: RequestTrace | None = None,
 ) -> tuple[bytes, dict[str, str]]:
-    """Run one HTTP inference request; returns the response body and headers.
+    """Run one HTTP inference request; returns the response body and headers. ``trace``:
+    the request's trace (:mod:`api.request_trace`), stamped on the way.
 
     The queued request's response future is kept in ``scope`` (:data:`REPLY_SCOPE_KEY`),
     so a connection lost before the answer cancels it (:func:`cancel_unanswered`).
@@ -214,14 +219,21 @@ async def handle_infer(
         view, resolved = await sub.resolve_for_infer(model, version)  # unknown model: 404 first
         waited_ns = time.monotonic_ns() - started_ns
         raw = await _read_body(receive, headers, max_body_bytes)
+        if trace is not None:
+            trace.stamp("HTTP_RECV_END")
         parsed, _ = parse_body(max_body_bytes, view, headers, raw)
     except SluiceError as exc:  # refused before it had ids: one verbose line
         sub.log_failure(request_id, "", model, version, exc)
         raise
-    future = _submit(sub, request_id, view, resolved, version, parsed, waited_ns=waited_ns)
+    future = _submit(
+        sub, request_id, view, resolved, version, parsed, waited_ns=waited_ns, trace=trace
+    )
     scope[REPLY_SCOPE_KEY] = future
     try:
-        result = sub.result(model, parsed.client_id, await future)
+        response = await future
+        if trace is not None:
+            trace.answered(response)
+        result = sub.result(model, parsed.client_id, response)
     except SluiceError as exc:
         sub.log_failure(request_id, parsed.client_id, model, version, exc)
         raise
@@ -264,6 +276,9 @@ class InferEndpoint:
     def __init__(self, app: ASGIApp, dataplane: DataPlane) -> None:
         self.app = app
         self.submission = dataplane.submission
+        #: the trace extension: while any request may be traced, infer requests take the
+        #: ASGI route (:meth:`accepts`), where they are traced
+        self.tracing = dataplane.tracing
         #: the largest accepted request body, in bytes
         self.max_body_bytes = dataplane.settings.http.max_body_bytes
         #: the task-free path's parsed binary-request headers
@@ -280,24 +295,41 @@ class InferEndpoint:
             return
         model, version = route
         request_id = self.submission.next_request_id()
+        trace = (
+            self.tracing.start(model, "HTTP", header_traceparent(scope["headers"]))
+            if self.tracing.active
+            else None
+        )
+        error: str | None = None
         try:
             body, out = await handle_infer(
-                self.submission, self.max_body_bytes, request_id, model, version, scope, receive
-            )
+                self.submission, self.max_body_bytes, request_id, model, version, scope, receive,
+                trace,
+            )  # fmt: skip
+            if trace is not None:
+                trace.stamp("HTTP_SEND_START")
             await _respond(send, 200, body, out)
         except (Exception, asyncio.CancelledError) as exc:
             # cancelled: uvicorn's graceful shutdown ran out (the client still gets a 503),
             # or the connection was lost (uvicorn's send writes nothing then)
             status, body = _failure(exc, model)
+            error = body.decode("utf-8", "replace")
+            if trace is not None:
+                trace.stamp("HTTP_SEND_START")
             await _respond(send, status, body, _JSON)
+        if trace is not None:
+            trace.stamp("HTTP_SEND_END")
+            trace.finish(error)
 
     # -- the task-free path ------------------------------------------------------------------
 
     def accepts(self, scope: Scope) -> Route | None:
         """The model and version of a request that can take the task-free path (``POST`` to
         an infer route with a ``Content-Length`` within the body limit, no chunked body,
-        no ``Expect``); None for any other."""
+        no ``Expect``, no tracing on); None for any other."""
         if scope["method"] != "POST" or (route := _route(scope["path"])) is None:
+            return None
+        if self.tracing.active:
             return None
         length = None
         for name, value in scope["headers"]:

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from sluice.api.dataplane import DataPlane
-from sluice.api.handlers.metadata import SHM_DISABLED, TRACE_UNSUPPORTED
+from sluice.api.handlers.metadata import SHM_DISABLED
 from sluice.api.repository_params import load_parameters, unload_dependents
 from sluice.broker.errors import ErrorCode, SluiceError, invalid_arg
 
@@ -230,7 +230,7 @@ async def update_logging(request: Request) -> Response:
     return json_response(dataplane(request).log_settings.update(changes))
 
 
-# -- shared memory and trace: answered, not implemented (api.handlers.metadata) -----------
+# -- shared memory: answered, not implemented (api.handlers.metadata) ---------------------
 
 
 async def shm_status() -> Response:
@@ -255,10 +255,18 @@ for _kind in ("systemsharedmemory", "cudasharedmemory"):
     router.add_api_route(f"/v2/{_kind}/region/{{name}}/register", shm_register, methods=["POST"])
 
 
-async def trace_setting() -> Response:
-    """Refused: the trace extension is not implemented (501)."""
-    raise SluiceError(ErrorCode.UNSUPPORTED, TRACE_UNSUPPORTED)
+@router.get("/v2/trace/setting")
+@router.get("/v2/models/{model_name}/trace/setting")
+async def get_trace_setting(request: Request, model_name: str | None = None) -> Response:
+    """The global or the model's trace settings (api.trace_settings)."""
+    dp = dataplane(request)
+    return json_response(await dp.tracing.setting(dp.registry, model_name, None))
 
 
-for _path in ("/v2/trace/setting", "/v2/models/{model_name}/trace/setting"):
-    router.add_api_route(_path, trace_setting, methods=["GET", "POST"])
+@router.post("/v2/trace/setting")
+@router.post("/v2/models/{model_name}/trace/setting")
+async def update_trace_setting(request: Request, model_name: str | None = None) -> Response:
+    """Update the given keys (null: clear the model's own value); answer the settings."""
+    changes = await _json_object(request, "the trace settings")
+    dp = dataplane(request)
+    return json_response(await dp.tracing.setting(dp.registry, model_name, changes))

@@ -149,12 +149,6 @@ def test_shared_memory_answered_alike_over_http(server) -> None:
         client.close()
 
 
-def test_trace_unimplemented(grpc_client) -> None:
-    err = _raises(grpc_client.get_trace_settings)
-    assert err.status() == "StatusCode.UNIMPLEMENTED"
-    assert err.message() == "trace is not supported by this server"
-
-
 def test_log_settings_shared_by_grpc_and_http(grpc_client, server) -> None:
     defaults = {
         "log_file": "",

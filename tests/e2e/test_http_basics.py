@@ -30,7 +30,7 @@ def test_model_ready(http_client) -> None:
 def test_server_metadata(http_client) -> None:
     meta = http_client.get_server_metadata()
     assert meta["name"] == "triton"
-    # what is implemented, in Triton's order (shared memory and trace are not)
+    # what is implemented, in Triton's order (shared memory is not)
     assert meta["extensions"] == [
         "classification",
         "sequence",
@@ -42,6 +42,7 @@ def test_server_metadata(http_client) -> None:
         "parameters",
         "statistics",
         "logging",
+        "trace",
     ]
 
 
@@ -236,24 +237,3 @@ def test_half_close_racing_the_answer_still_gets_it(server) -> None:
         thread.join(timeout=30)
     assert not lost, f"{len(lost)} of {len(lost) + answered[0]} answers lost: {lost[:3]}"
     assert answered[0] > 200
-
-
-def test_trace_settings_refused_as_over_grpc(server, http_client) -> None:
-    """The trace extension is not implemented: HTTP answers 501 with the text the gRPC
-    ``TraceSetting`` call gets (UNIMPLEMENTED), not a "no such route" 404."""
-    from tritonclient.utils import InferenceServerException
-
-    expected = {"error": "trace is not supported by this server"}
-    for method, path in (
-        ("GET", "/v2/trace/setting"),
-        ("POST", "/v2/trace/setting"),
-        ("GET", "/v2/models/add_sub/trace/setting"),
-    ):
-        response = requests.request(
-            method, server.base + path, json={"trace_level": ["TIMESTAMPS"]}, timeout=5
-        )
-        assert (response.status_code, response.json()) == (501, expected), (method, path)
-    with pytest.raises(InferenceServerException) as info:
-        http_client.get_trace_settings()
-    assert info.value.status() == "501"
-    assert "trace" not in http_client.get_server_metadata()["extensions"]

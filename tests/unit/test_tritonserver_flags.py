@@ -24,6 +24,9 @@ SAMPLES = {
     "--cache-config": "local,size=1048576",
     "--load-model": "digits",
     "--log-file": "/dev/null",  # opened when parsed
+    "--trace-config": "triton,file=/tmp/trace.json",
+    "--trace-file": "/tmp/trace.json",
+    "--trace-level": "TIMESTAMPS",
 }
 BY_FORM = {"<boolean>": "true", "<integer>": "1", "<float>": "1.5"}
 
