@@ -6,7 +6,8 @@ handlers of :mod:`api.app`, the HTTP inference fast path :mod:`api.http.infer`, 
 guard :mod:`api.grpc.guard`, the metrics endpoint :mod:`api.metrics.server`):
 
 * a ``SluiceError`` keeps its code and message;
-* Redis unreachable or silent (redis-py's ``ConnectionError`` / ``TimeoutError``) is
+* Redis unreachable, silent or full (redis-py's ``ConnectionError`` / ``TimeoutError`` /
+  ``OutOfMemoryError``, :data:`~sluice.broker.errors.BROKER_OUTAGE`) is
   UNAVAILABLE ``broker unavailable: <reason>``, counted in the caller's
   :class:`~sluice.broker.outage.OutageLog` (one log line per outage, not per request);
 * anything else is INTERNAL ``internal error: <type>: <text>``, logged with its traceback.
@@ -24,9 +25,8 @@ import logging
 from dataclasses import dataclass
 
 import grpc
-import redis.exceptions
 
-from sluice.broker.errors import ErrorCode, SluiceError
+from sluice.broker.errors import BROKER_OUTAGE, ErrorCode, SluiceError
 from sluice.broker.outage import OutageLog
 
 __all__ = [
@@ -115,7 +115,7 @@ def client_error(
     """
     if isinstance(exc, SluiceError):
         return ClientError(exc.code, exc.message)
-    if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+    if isinstance(exc, BROKER_OUTAGE):
         if outage is not None:
             outage.failed(exc)
         return ClientError(ErrorCode.UNAVAILABLE, f"broker unavailable: {exc}")

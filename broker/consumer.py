@@ -21,6 +21,7 @@ from sluice.broker.cluster import is_cluster_client
 from sluice.broker.cluster_direct import ClusterDirectConnection
 from sluice.broker.codec import CodecError, decode_request, encode_response
 from sluice.broker.direct import DirectConnection
+from sluice.broker.errors import BROKER_OUTAGE
 from sluice.broker.keys import WORKER_GROUP
 from sluice.broker.messages import InferRequestMessage, InferResponseMessage
 from sluice.broker.producer import PAYLOAD_FIELD
@@ -144,15 +145,17 @@ class StreamConsumer:
 
     def _run_deferred(self, *more: tuple[object, ...], last_blocks: bool = False) -> list[object]:
         """The deferred commands and ``more`` in one round trip. When Redis cannot be
-        reached the deferred ones are kept (they may have run: replies are dropped as
-        duplicates by the gateway, ``XACK``/``XDEL`` are idempotent, statistics are
-        written as totals) and the connection is dropped, so that no reply of the lost round
-        trip is read as one of the next."""
+        reached, or refuses one of them for want of memory (:data:`BROKER_OUTAGE`: the
+        others ran, an ``XACK`` perhaps, but an answer's ``RPUSH`` did not), the deferred
+        ones are kept (they may have run: replies are dropped as duplicates by the
+        gateway, ``XACK``/``XDEL`` are idempotent, statistics are written as totals) and
+        the connection is dropped, so that no reply of the lost round trip is read as one
+        of the next."""
         deferred, self._deferred = self._deferred, []
         sent, self._sent = self._sent, []
         try:
             return self._run([*deferred, *more], last_blocks)
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+        except BROKER_OUTAGE:
             self._deferred = [*sent, *deferred, *self._deferred]
             self._direct.close()
             raise

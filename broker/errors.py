@@ -112,6 +112,18 @@ def not_found(message: str, *, model: str | None = None) -> SluiceError:
     return SluiceError(ErrorCode.NOT_FOUND, message, model=model)
 
 
+#: What a Redis that cannot take a command raises: unreachable or silent (the connection
+#: errors), or full (``OOM``: ``maxmemory`` reached under the ``noeviction`` policy, so it
+#: refuses every command that needs memory until some is freed). Callers treat all three
+#: as an outage: they keep what they could not write and try again, and refuse requests
+#: with UNAVAILABLE meanwhile.
+BROKER_OUTAGE: tuple[type[redis.exceptions.RedisError], ...] = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.OutOfMemoryError,
+)
+
+
 def unavailable(message: str, *, model: str | None = None) -> SluiceError:
     """Shorthand for an UNAVAILABLE error (HTTP 503, gRPC UNAVAILABLE)."""
     return SluiceError(ErrorCode.UNAVAILABLE, message, model=model)

@@ -14,10 +14,8 @@ import random
 import time
 from typing import Any
 
-import redis.exceptions
-
 from sluice.broker.codec import encode_request
-from sluice.broker.errors import ErrorCode, FailureReason, SluiceError
+from sluice.broker.errors import BROKER_OUTAGE, ErrorCode, FailureReason, SluiceError
 from sluice.broker.keys import WORKER_GROUP
 from sluice.broker.messages import InferRequestMessage
 from sluice.broker.multiplex import MultiplexedConnection
@@ -167,9 +165,9 @@ async def submit_step(
 
 def enqueue_error(exc: BaseException, model: str) -> BaseException:
     """What a failed :meth:`Producer.submit` means to the client: a ``SluiceError`` as is,
-    Redis unreachable or silent as UNAVAILABLE "broker unavailable for model ..."; anything
-    else unchanged."""
-    if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
+    Redis unreachable, silent or full (:data:`BROKER_OUTAGE`) as UNAVAILABLE "broker
+    unavailable for model ..."; anything else unchanged."""
+    if isinstance(exc, BROKER_OUTAGE):
         return SluiceError(
             ErrorCode.UNAVAILABLE, f"broker unavailable for model '{model}': {exc}", model=model
         )

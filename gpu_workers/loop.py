@@ -25,7 +25,7 @@ import redis.exceptions
 
 from sluice.batching import Batch
 from sluice.broker.consumer import Delivery, StreamConsumer
-from sluice.broker.errors import TIMEOUT_TEXT, FailureReason, stream_gone
+from sluice.broker.errors import BROKER_OUTAGE, TIMEOUT_TEXT, FailureReason, stream_gone
 from sluice.broker.messages import InferResponseMessage
 from sluice.broker.outage import OutageLog
 from sluice.broker.request_checks import RequestRules
@@ -157,7 +157,7 @@ class InstanceLoop:
                         )
                         lost_since, backoff_s = 0.0, REDIS_RETRY_MIN_S
                     self.step()
-                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                except BROKER_OUTAGE as exc:
                     self._accounts.registration_lost()
                     if not lost_since:
                         lost_since = time.monotonic()
@@ -309,7 +309,7 @@ class InstanceLoop:
                 return
             try:
                 deliveries = self._consumer.read(count=self._read_count, block_ms=None)
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            except BROKER_OUTAGE as exc:
                 # what a lost read delivered stays pending: another instance claims it
                 outage.failed(exc)
                 time.sleep(REDIS_RETRY_MIN_S)
@@ -328,7 +328,7 @@ class InstanceLoop:
         runs them again."""
         try:
             self._consumer.flush()
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        except BROKER_OUTAGE as exc:
             logger.warning(
                 "model '%s': answers held back, Redis unreachable (%s)", self._model, exc
             )

@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from sluice.broker.cluster import sync_client
 from sluice.broker.redis_server import redis_answers, start_private_redis, stop_private_redis
 
 TESTS = Path(__file__).parent
+
+# The fuzz tests' profile (``@settings(settings.get_profile("fuzz"))``): a few hundred
+# examples each in CI; ``SLUICE_FUZZ_EXAMPLES`` sets more for a longer run.
+settings.register_profile(
+    "fuzz",
+    max_examples=int(os.environ.get("SLUICE_FUZZ_EXAMPLES", "300")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -68,6 +68,17 @@ _CONTENTS_FIELDS: dict[str, tuple[str, np.dtype]] = {
     "FP64": ("fp64_contents", NUMPY_DTYPES["FP64"]),
 }
 
+#: each typed field's element type (grpc_service.proto ``InferTensorContents``)
+_FIELD_TYPES: dict[str, type[np.generic]] = {
+    "bool_contents": np.bool_,
+    "int_contents": np.int32,
+    "int64_contents": np.int64,
+    "uint_contents": np.uint32,
+    "uint64_contents": np.uint64,
+    "fp32_contents": np.float32,
+    "fp64_contents": np.float64,
+}
+
 
 @dataclass(frozen=True, slots=True)
 class GrpcInferRequest:
@@ -218,7 +229,8 @@ def _contents_to_wire(contents: Any, datatype: str, name: str, model: str) -> by
         )
     field_name, dtype = spec
     values = getattr(contents, field_name)
-    return np.asarray(values).astype(dtype).tobytes()
+    # read as the field's own type first: numpy would take [0, 2**63] for float64
+    return np.asarray(values, dtype=_FIELD_TYPES[field_name]).astype(dtype).tobytes()
 
 
 def _parse_outputs(

@@ -280,6 +280,7 @@ def start_server(
     metrics_port: int | None = None,
     key_prefix: str | None = None,
     new_session: bool = False,
+    ports: tuple[int, int, int] | None = None,
     url_in_env: bool = False,
 ) -> Server:
     """Start ``sluice serve`` on free ports and wait (bounded) until it is ready.
@@ -287,12 +288,15 @@ def start_server(
     ``metrics_port`` None picks a free port for the metrics endpoint too; ``key_prefix``
     None gives the server a prefix of its own; ``new_session``: in a process group of its
     own (whose id is its pid), as a terminal starts it, so a test can Ctrl-C the group;
+    ``ports``: (HTTP, gRPC, metrics) to listen on instead of free ones;
     ``url_in_env``: the Redis URL goes in ``SLUICE_REDIS__URL``, not on the command line.
     """
     port = free_port()
     grpc_port = free_port()
     while grpc_port == port:
         grpc_port = free_port()
+    if ports is not None:
+        port, grpc_port, metrics_port = ports
     if metrics_port is None:
         metrics_port = free_port()
         while metrics_port in (port, grpc_port):

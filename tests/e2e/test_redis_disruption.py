@@ -7,8 +7,6 @@ import contextlib
 import os
 import shutil
 import signal
-import subprocess
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -22,59 +20,10 @@ import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from e2e_support import load_while, start_server, stop_server
+from fault_support import PrivateRedis, executions, ledger_repo
 from tritonclient.utils import InferenceServerException
 
-from sluice.broker.redis_server import free_port, redis_answers
-
 pytestmark = pytest.mark.e2e
-
-LEDGER_MODEL = """
-import json
-import os
-import time
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        sleep_ms = max(float(json.loads(r.parameters()).get("sleep_ms", 0)) for r in requests)
-        time.sleep(sleep_ms / 1000.0)
-        responses = []
-        with open(os.path.join(os.environ["LEDGER_DIR"], f"{os.getpid()}.log"), "a") as log:
-            for request in requests:
-                data = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-                log.write(" ".join(str(int(v)) for v in data.ravel()) + "\\n")
-                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", data * 2)]))
-        return responses
-"""
-
-
-class PrivateRedis:
-    """A redis-server on a fixed port that a test may stop, freeze and restart."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.workdir = tempfile.mkdtemp(prefix="sluice-disrupt-")
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.workdir, "--loglevel", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + 10
-        while not redis_answers(self.url, 0.2):
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)
-            self.process.kill()
-            self.process.wait(10)
 
 
 @pytest.fixture
@@ -89,26 +38,11 @@ def private_redis() -> Iterator[PrivateRedis]:
 
 
 def _ledger_repo(tmp_path: Path) -> Path:
-    repo = tmp_path / "repo"
-    (repo / "ledger/1").mkdir(parents=True)
-    (repo / "ledger/1/model.py").write_text(LEDGER_MODEL)
-    (repo / "ledger/config.pbtxt").write_text(
-        'backend: "python"\nmax_batch_size: 8\n'
-        'input [ { name: "IN", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
-        'output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
-        "instance_group [ { kind: KIND_CPU, count: 2 } ]\n"
-        "dynamic_batching { max_queue_delay_microseconds: 1000 }\n"
-    )
-    (tmp_path / "ledger").mkdir()
-    return repo
+    return ledger_repo(tmp_path)
 
 
 def _executions(tmp_path: Path) -> Counter[int]:
-    counts: Counter[int] = Counter()
-    for log in (tmp_path / "ledger").glob("*.log"):
-        for line in log.read_text().split():
-            counts[int(line)] += 1
-    return counts
+    return executions(tmp_path)
 
 
 def _infer(client: httpclient.InferenceServerClient, value: int) -> float:

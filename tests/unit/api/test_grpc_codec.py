@@ -240,3 +240,14 @@ def test_parse_spec_allows_several_groups() -> None:
 )
 def test_http_groups(path: str, group: str | None) -> None:
     assert http_group("GET", path) == group
+
+
+def test_uint64_typed_contents_above_the_int64_range_convert_exact() -> None:
+    """numpy reads [0, 2**63 + 1] as float64 unless told the field's type: the values
+    must come out exact, not rounded."""
+    values = [0, 2**63 + 1, 2**64 - 1]
+    request = service_pb2.ModelInferRequest(model_name="m")
+    item = request.inputs.add(name="X", datatype="UINT64", shape=[3])
+    item.contents.uint64_contents.extend(values)
+    (wire,) = parse_infer_request(request).inputs
+    assert np.frombuffer(wire.data, dtype="<u8").tolist() == values
