@@ -117,7 +117,8 @@ class CudaRegion:
                 f"failed to register CUDA shared memory region '{name}': "
                 f"failed to open CUDA IPC handle: {exc}"
             ) from None
-        weakref.finalize(self, _close, rt, self._pointer)
+        # closed once unregistered and no request holds it; at exit the driver cleans up
+        weakref.finalize(self, _close, rt, self._pointer).atexit = False
 
     def status(self) -> dict[str, Any]:
         """The region as ``GET /v2/cudasharedmemory/status`` lists it."""

@@ -349,3 +349,19 @@ def test_one_set_of_names_for_both_kinds(key: str) -> None:
     assert (len(target), target.read()) == (8, bytes(range(8, 16)))
     target.write(b"\xaa" * 4)
     assert registry.slice("s", 6, 8).read() == bytes([6, 7]) + b"\xaa" * 4 + bytes([12, 13])
+
+
+def test_cuda_register_body_raw_handle() -> None:
+    """The HTTP register body's ``raw_handle: {"b64": ...}``, as tritonclient.http sends it."""
+    from sluice.api.http.shm_routes import _raw_handle
+
+    assert _raw_handle({"raw_handle": {"b64": "AAECAw=="}}) == bytes([0, 1, 2, 3])
+    for body, text in (
+        ({}, "Shared memory register request has no 'raw_handle' field"),
+        ({"raw_handle": "AAECAw=="}, "Unable to parse 'b64' of the shared memory register"),
+        ({"raw_handle": {"b64": 7}}, "Unable to parse 'b64' of the shared memory register"),
+        ({"raw_handle": {"b64": "@@"}}, "'raw_handle' of the shared memory register request"),
+    ):
+        error = _error(_raw_handle, body)
+        assert error.code == ErrorCode.INVALID_ARG
+        assert error.message.startswith(text), body
