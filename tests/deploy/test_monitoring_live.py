@@ -1,6 +1,9 @@
 """The compose stack's monitoring profile run for real: Debian's ``prometheus`` binary with
-the project's own ``compose/prometheus/prometheus.yml`` scraping two real gateways of a
-``sluice serve`` deployment, queried through Prometheus's HTTP API.
+the project's own ``compose/prometheus/prometheus.yml`` scraping the two gateways of a
+deployment laid out as the compose stack runs it (``sluice serve`` publishing add_sub
+with no gateway and no instance, two ``sluice gateway`` replicas, a ``sluice worker``),
+queried through Prometheus's HTTP API: the queue-depth gauge counts the requests sent
+before any instance runs, then the success counter counts them once one does.
 
 The compose file finds the gateway replicas through Docker's DNS (``dns_sd_configs`` on
 the ``gateway`` service name); here the same scrape job gets the two gateways' metrics
@@ -13,12 +16,15 @@ and this test checks that every metric name the dashboard queries has a series h
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -109,17 +115,12 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
             process.wait(timeout=15)
 
 
-@pytest.fixture
-def deployment(redis_url: str, tmp_path: Path) -> Iterator[tuple[Server, int, int]]:
-    """``sluice serve`` on add_sub plus a second ``sluice gateway`` on the same key prefix:
-    (server, second gateway's HTTP port, second gateway's metrics port)."""
-    if PROMETHEUS is None:
-        pytest.skip("no prometheus binary (Debian: apt-get install prometheus)")
-    repo = tmp_path / "models"
-    load_examples().build_add_sub(repo)  # type: ignore[attr-defined]
-    server = start_server(repo, redis_url, tmp_path / "serve.log")
+def _start_gateway(
+    redis_url: str, key_prefix: str, log: Path
+) -> tuple[subprocess.Popen[bytes], int, int]:
+    """A ``sluice gateway`` (the compose ``gateway`` service) on free loopback ports:
+    (process, HTTP port, metrics port)."""
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    log = tmp_path / "gateway.log"
     with log.open("wb") as out:
         gateway = subprocess.Popen(
             [
@@ -127,25 +128,60 @@ def deployment(redis_url: str, tmp_path: Path) -> Iterator[tuple[Server, int, in
                 "--http-address", "127.0.0.1", "--http-port", str(http_port),
                 "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc_port),
                 "--metrics-port", str(metrics_port),
-                "--redis-url", redis_url, "--key-prefix", server.key_prefix,
+                "--redis-url", redis_url, "--key-prefix", key_prefix,
             ],
             stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
         )  # fmt: skip
+    _wait_http(f"http://127.0.0.1:{http_port}/v2/health/live", "gateway", gateway, log)
+    return gateway, http_port, metrics_port
+
+
+@dataclass
+class Deployment:
+    """The compose stack's processes without Docker: ``sluice serve`` publishing add_sub
+    (no gateway, no instance), two ``sluice gateway`` replicas, and the command that
+    starts an add_sub instance (``sluice worker``)."""
+
+    server: Server
+    http_ports: list[int]
+    metrics_ports: list[int]
+    worker_command: list[str]
+    env: dict[str, str]
+
+
+@pytest.fixture
+def deployment(redis_url: str, tmp_path: Path) -> Iterator[Deployment]:
+    if PROMETHEUS is None:
+        pytest.skip("no prometheus binary (Debian: apt-get install prometheus)")
+    repo = tmp_path / "models"
+    load_examples().build_add_sub(repo)  # type: ignore[attr-defined]
+    server = start_server(
+        repo, redis_url, tmp_path / "serve.log", "--start-gateway=false",
+        "--start-instances=false", "--job-workers", "0", wait_ready=False,
+    )  # fmt: skip
+    gateways: list[tuple[subprocess.Popen[bytes], int, int]] = []
     try:
-        _wait_http(f"http://127.0.0.1:{http_port}/v2/health/ready", "gateway", gateway, log)
-        yield server, http_port, metrics_port
+        for i in range(2):
+            gateways.append(_start_gateway(redis_url, server.key_prefix, tmp_path / f"gw{i}.log"))
+        yield Deployment(
+            server,
+            [g[1] for g in gateways],
+            [g[2] for g in gateways],
+            [sys.executable, "-m", "sluice.cli", "worker", "--model", "add_sub",
+             "--version", "1", "--model-dir", str(repo / "add_sub")],
+            {**os.environ, "SLUICE_REDIS__URL": redis_url,
+             "SLUICE_REDIS__KEY_PREFIX": server.key_prefix},
+        )  # fmt: skip
     finally:
-        _stop(gateway)
+        for gateway, _, _ in gateways:
+            _stop(gateway)
         assert stop_server(server) == 0, server.log()
 
 
 @pytest.fixture
-def prometheus(
-    deployment: tuple[Server, int, int], tmp_path: Path
-) -> Iterator[tuple[str, list[str]]]:
+def prometheus(deployment: Deployment, tmp_path: Path) -> Iterator[tuple[str, list[str]]]:
     """Debian's Prometheus on the rendered config: (its base URL, the scraped targets)."""
-    server, _, second_metrics = deployment
-    targets = [f"127.0.0.1:{server.metrics_port}", f"127.0.0.1:{second_metrics}"]
+    targets = [f"127.0.0.1:{port}" for port in deployment.metrics_ports]
     config = render_config(targets, tmp_path / "prometheus.yml")
     port = free_port()
     log = tmp_path / "prometheus.log"
@@ -176,40 +212,62 @@ def _infer(client: httpclient.InferenceServerClient, a: np.ndarray, b: np.ndarra
 
 
 def test_prometheus_scrapes_both_gateways_with_the_dashboards_metrics(
-    deployment: tuple[Server, int, int], prometheus: tuple[str, list[str]]
+    deployment: Deployment, prometheus: tuple[str, list[str]], tmp_path: Path
 ) -> None:
-    server, second_http, _ = deployment
     base, targets = prometheus
     rng = np.random.default_rng(39)
-    for port in (server.http_port, second_http):
-        client = httpclient.InferenceServerClient(f"127.0.0.1:{port}", network_timeout=30)
+    pairs = rng.standard_normal((2 * PER_GATEWAY, 2, 1, 16), dtype=np.float32)
+    ports = [port for port in deployment.http_ports for _ in range(PER_GATEWAY)]
+
+    def send(i: int) -> None:
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{ports[i]}", network_timeout=60)
         try:
-            for _ in range(PER_GATEWAY):
-                a, b = rng.standard_normal((2, 1, 16), dtype=np.float32)
-                _infer(client, a, b)
+            _infer(client, pairs[i][0], pairs[i][1])
         finally:
             client.close()
+
     both = dict.fromkeys(targets, 1.0)
     assert wait_for(base, 'up{job="sluice"}', both) == both
-    # each gateway reports the deployment's totals, so both targets show every request
-    total = dict.fromkeys(targets, float(2 * PER_GATEWAY))
-    success = 'nv_inference_request_success{model="add_sub",version="1"}'
-    assert wait_for(base, success, total) == total
-    # the dashboard's queue-depth panel: max over gateways; nothing waits once answered
-    (depth,) = query(base, 'max by (model, version) (sluice_queue_depth{model="add_sub"})')
-    assert float(depth["value"][1]) == 0.0
-    (live,) = query(base, 'max by (model, version) (sluice_instances_live{model="add_sub"})')
-    assert float(live["value"][1]) == 1.0  # instance_group count: 1
-    # the failure panel's series: the four reasons on every gateway, none counted
-    failures = query(base, 'nv_inference_request_failure{model="add_sub"}')
-    reasons = {(s["metric"]["instance"], s["metric"]["reason"]) for s in failures}
-    assert reasons == {
-        (t, r) for t in targets for r in ("REJECTED", "CANCELED", "BACKEND", "OTHER")
-    }
-    assert {float(s["value"][1]) for s in failures} == {0.0}
+    depth = 'sluice_queue_depth{model="add_sub",version="1"}'
+    worker: subprocess.Popen[bytes] | None = None
+    with ThreadPoolExecutor(len(ports)) as pool:
+        sent = [pool.submit(send, i) for i in range(len(ports))]
+        try:
+            # no instance yet: every request waits in the model's queue, and every
+            # gateway reports the whole queue
+            queued = dict.fromkeys(targets, float(len(ports)))
+            assert wait_for(base, depth, queued) == queued
+            with (tmp_path / "worker.log").open("wb") as log:
+                worker = subprocess.Popen(
+                    deployment.worker_command, env=deployment.env,
+                    stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                )  # fmt: skip
+            for future in sent:
+                future.result(timeout=DEADLINE_S)
+        finally:
+            if worker is None:  # let the waiting requests end
+                worker = subprocess.Popen(deployment.worker_command, env=deployment.env)
+    try:
+        # each gateway reports the deployment's totals, so both targets show every request
+        total = dict.fromkeys(targets, float(len(ports)))
+        success = 'nv_inference_request_success{model="add_sub",version="1"}'
+        assert wait_for(base, success, total) == total
+        empty = dict.fromkeys(targets, 0.0)
+        assert wait_for(base, depth, empty) == empty
+        live = 'sluice_instances_live{model="add_sub",version="1"}'
+        assert wait_for(base, live, both) == both
+        # the failure panel's series: the four reasons on every gateway, none counted
+        failures = query(base, 'nv_inference_request_failure{model="add_sub"}')
+        reasons = {(s["metric"]["instance"], s["metric"]["reason"]) for s in failures}
+        assert reasons == {
+            (t, r) for t in targets for r in ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+        }
+        assert {float(s["value"][1]) for s in failures} == {0.0}
 
-    checks = load_module("tests/unit/test_monitoring_config.py", "monitoring_config")
-    names = set().union(*(checks.queried_metric_names(q) for q in checks.dashboard_queries()))  # type: ignore[attr-defined]
-    assert "sluice_queue_depth" in names and "nv_inference_request_success" in names
-    missing = sorted(n for n in names if not query(base, f'{n}{{job="sluice"}}'))
-    assert missing == [], f"dashboard metrics with no series in Prometheus: {missing}"
+        checks = load_module("tests/unit/test_monitoring_config.py", "monitoring_config")
+        names = set().union(*(checks.queried_metric_names(q) for q in checks.dashboard_queries()))  # type: ignore[attr-defined]
+        assert "sluice_queue_depth" in names and "nv_inference_request_success" in names
+        missing = sorted(n for n in names if not query(base, f'{n}{{job="sluice"}}'))
+        assert missing == [], f"dashboard metrics with no series in Prometheus: {missing}"
+    finally:
+        _stop(worker)
