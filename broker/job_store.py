@@ -4,9 +4,11 @@ The gateway creates a job (:meth:`JobStore.create`) and the job worker that runs
 updates it. What must happen once happens in one script: a state change is a
 compare-and-set on the record (:meth:`JobStore.transition`), so a job reaches a final
 state once however many workers race; a bulk row's line is written only if neither of
-the job's row hashes holds that row yet (:meth:`JobStore.write_rows`), so each row
-appears once in the output or the errors. A job's keys share the hash tag of its id, so
-each script touches one hash slot (docs/architecture.md, Redis keys).
+the job's row hashes holds that row yet and the job has not reached a final state
+(:meth:`JobStore.write_rows`), so each row appears once in the output or the errors and
+a cancelled job's rows and counts stay as they were when it was cancelled. A job's keys
+share the hash tag of its id, so each script touches one hash slot (docs/architecture.md,
+Redis keys).
 
 Expiry: a job's keys expire ``ttl_s`` after its deadline until it finishes, then
 ``ttl_s`` after it finished; an expired or unknown id reads as None (404 to clients).
@@ -43,12 +45,16 @@ end
 return {1, state}
 """
 
-#: Write bulk rows once each. KEYS[1]: output hash; KEYS[2]: errors hash. ARGV[1]: the
-#: Unix time both expire at; then (hash index 1|2, line number, JSON line) triples. A row
-#: either hash already holds is left as it is. Returns {new outputs, new errors}.
+#: Write bulk rows once each, while the job runs. KEYS[1]: output hash; KEYS[2]: errors
+#: hash; KEYS[3]: the job's record. ARGV[1]: the Unix time both hashes expire at; ARGV[2]:
+#: the final states as ",A,B,"; then (hash index 1|2, line number, JSON line) triples. A
+#: row either hash already holds is left as it is. Returns {new outputs, new errors}, or
+#: nil (nothing written) when the record is gone or its state is a final one.
 _WRITE_ROWS = """
+local state = redis.call('HGET', KEYS[3], 'state')
+if not state or string.find(ARGV[2], ',' .. state .. ',', 1, true) then return nil end
 local written = {0, 0}
-for i = 2, #ARGV, 3 do
+for i = 3, #ARGV, 3 do
   local row = ARGV[i + 1]
   if redis.call('HEXISTS', KEYS[1], row) == 0 and redis.call('HEXISTS', KEYS[2], row) == 0 then
     local which = tonumber(ARGV[i])
@@ -228,22 +234,33 @@ class JobStore:
         record: JobRecord,
         outputs: Sequence[tuple[int, bytes]],
         errors: Sequence[tuple[int, bytes]],
-    ) -> tuple[int, int]:
+    ) -> tuple[int, int] | None:
         """Write answered and failed rows (line number, JSON line) that are not written
         yet; returns how many of each were new. Their totals are counted for
-        ``/metrics`` (``rows_completed`` / ``rows_failed``).
+        ``/metrics`` (``rows_completed`` / ``rows_failed``). The check of the job's state
+        and the write are one script: once the job is final (REVOKED by a cancellation,
+        or SUCCESS / FAILURE) or gone, nothing is written and None is returned, so a
+        final job's rows and counts never change.
 
         Raises:
             redis.exceptions.RedisError: Redis unreachable.
         """
         if not outputs and not errors:
             return 0, 0
-        args: list[object] = [_expire_at_s(record)]
+        final = ",".join(state.value for state in JobState if state.final)
+        args: list[object] = [_expire_at_s(record), f",{final},"]
         for which, rows in ((1, outputs), (2, errors)):
             for line, text in rows:
                 args += [which, line, text]
-        keys = [self.keys.job_output(record.id), self.keys.job_errors(record.id)]
-        new_outputs, new_errors = (int(n) for n in await self._write_rows(keys=keys, args=args))
+        keys = [
+            self.keys.job_output(record.id),
+            self.keys.job_errors(record.id),
+            self.keys.job(record.id),
+        ]
+        reply = await self._write_rows(keys=keys, args=args)
+        if reply is None:
+            return None
+        new_outputs, new_errors = (int(n) for n in reply)
         if new_outputs or new_errors:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for event, count in (("rows_completed", new_outputs), ("rows_failed", new_errors)):

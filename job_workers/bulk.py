@@ -7,11 +7,13 @@ batches. Rows go at the model's lowest priority level when it has ``priority_lev
 on a model without, which queues rows and synchronous requests in one order, the job
 keeps only its fair share of the queue in flight while other traffic comes
 (``job_workers.share``). Answers are written as they come, each row once
-(``JobStore.write_rows``). A row refused or failed by the model gets an error line; a
-row the model could not take (unavailable, queue full) waits and is sent again; a row
-that timed out is sent again, three times in all. The job is SUCCESS once every row is
-written, whatever the rows' outcomes; it fails only when it cannot go on (its input is
-gone, its model is gone, its deadline passed).
+(``JobStore.write_rows``), and only while the job is not final: once it is cancelled, a
+write is refused and the run ends at once, whatever is in flight is withdrawn, and the
+rows and counts stay as the cancellation left them. A row refused or failed by the model
+gets an error line; a row the model could not take (unavailable, queue full) waits and
+is sent again; a row that timed out is sent again, three times in all. The job is
+SUCCESS once every row is written, whatever the rows' outcomes; it fails only when it
+cannot go on (its input is gone, its model is gone, its deadline passed).
 """
 
 from __future__ import annotations
@@ -190,8 +192,20 @@ class _Bulk:
         if pending and (force or due or pending >= _WRITE_AT):
             outputs, errors = self.outputs, self.errors
             self.outputs, self.errors = [], []
-            await self.ctx.store.write_rows(self.ctx.record, outputs, errors)
+            written = await self.ctx.store.write_rows(self.ctx.record, outputs, errors)
             self.written_at = time.monotonic()
+            if written is None:  # the job is final (cancelled) or gone: stop sending rows
+                await self.stop()
+
+    async def stop(self) -> None:
+        """The job ended under this run (a refused write): end the run at once, as
+        the watcher would (``runner._watch``), with the record's state as it is now."""
+        ctx = self.ctx
+        ctx.revoked = True
+        state = await ctx.store.state(ctx.record.id)
+        if state is not None:
+            ctx.record.state = state
+        ctx.changed.set()
 
     def drop_in_flight(self) -> None:
         """Cancel every row in flight (each leaves its stream unless an instance has it)."""

@@ -124,6 +124,32 @@ def test_cancel_takes_a_queued_job_off_its_stream(server: Server) -> None:
     assert again.json()["state"] == "SUCCESS"  # a finished job stays as it is
 
 
+def test_a_cancelled_bulk_job_stays_as_the_cancellation_left_it(server: Server) -> None:
+    """DELETE in the middle of a bulk job of 5000 rows: the job answers REVOKED with its
+    counts, and 2 s later its state, counts, ``finished_at`` and output lines are the
+    same (no row is written or counted once it is final)."""
+    body = jsonl([add_sub_row(i) for i in range(5000)])
+    job_id = submit(server.base, "add_sub", body, headers=JSONL)
+    deadline = time.monotonic() + 60
+    while get(server.base, job_id)["request_counts"]["completed"] < 50:
+        assert time.monotonic() < deadline, "no rows answered within 60 s"
+        time.sleep(0.05)
+    reply = requests.delete(f"{server.base}/v2/jobs/{job_id}", timeout=30)
+    assert reply.status_code == 200
+    cancelled = reply.json()
+    assert cancelled["state"] == "REVOKED"
+    counts = cancelled["request_counts"]
+    assert 50 <= counts["completed"] < 5000 and counts["failed"] == 0
+    time.sleep(2.0)
+    later = get(server.base, job_id)
+    assert (later["state"], later["request_counts"], later["finished_at"]) == (
+        "REVOKED", counts, cancelled["finished_at"],
+    )  # fmt: skip
+    output = lines(server.base, job_id, "output")
+    assert len(output) == counts["completed"]
+    assert lines(server.base, job_id, "errors") == []
+
+
 def test_an_unknown_job_is_404(server: Server) -> None:
     for method in ("GET", "DELETE"):
         reply = requests.request(method, f"{server.base}/v2/jobs/0123456789abcdef", timeout=30)

@@ -100,6 +100,32 @@ async def test_each_row_is_written_once(store: JobStore) -> None:
     assert counters[("rows_failed", "bulk", "m")] == 1
 
 
+@pytest.mark.parametrize("final", [JobState.REVOKED, JobState.FAILURE, JobState.SUCCESS])
+async def test_a_final_job_takes_no_more_rows(store: JobStore, final: JobState) -> None:
+    """Rows of a job answered after it became final (cancelled) are neither written nor
+    counted: the write refuses (None) and the rows and counters stay."""
+    job_id = f"f-{final.value}"
+    record = _record(job_id, model="final", kind=JobKind.BULK)
+    await store.create(record, b"rows")
+    await store.transition(record, JobState.STARTED)
+    assert await store.write_rows(record, [(1, b"o1")], []) == (1, 0)
+    worker = _record(job_id, model="final", kind=JobKind.BULK)  # the worker's own copy
+    worker.state = JobState.STARTED
+    assert await store.transition(record, final)  # e.g. the gateway's DELETE
+    assert await store.write_rows(worker, [(2, b"o2"), (3, b"o3")], [(4, b"e4")]) is None
+    assert await store.row_counts([job_id]) == [(1, 0)]
+    assert await store.done_rows(job_id) == {1}
+    counters = await store.counters()
+    assert counters[("rows_completed", "bulk", "final")] == 1
+    assert ("rows_failed", "bulk", "final") not in counters
+
+
+async def test_a_gone_job_takes_no_rows(store: JobStore) -> None:
+    record = _record("g1", kind=JobKind.BULK)  # never created, or expired
+    assert await store.write_rows(record, [(1, b"o1")], []) is None
+    assert await store.row_counts(["g1"]) == [(0, 0)]
+
+
 async def test_a_lease_is_held_by_one_token(store: JobStore, redis_url: str) -> None:
     assert await store.take_lease("d1", "w1", 5000)
     assert not await store.take_lease("d1", "w2", 5000)
