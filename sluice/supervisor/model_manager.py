@@ -63,6 +63,7 @@ from sluice.supervisor.model_source import (
     stage_source,
     unsupported_feature,
 )
+from sluice.supervisor.removed_versions import mark_removed_versions
 
 __all__ = ["LoadError", "LoadedModel", "ManagerOptions", "ModelManager"]
 
@@ -424,12 +425,11 @@ class ModelManager:
         for name, source in scan.models.items():
             fingerprint = source_fingerprint(source.path)
             current = self.loaded.get(name)
+            mark_removed_versions(self._store, name, source.path, current and current.versions)
             if current is not None and (current.overridden or current.fingerprint == fingerprint):
                 continue
-            if current is None and self._failed.get(name) == fingerprint:
-                continue  # still the files that failed
-            if current is not None and self._failed.get(name) == fingerprint:
-                continue  # a reload of these files already failed; keep the old one
+            if self._failed.get(name) == fingerprint:
+                continue  # still the files that failed (a failed reload: the old one serves)
             try:
                 self.load(name)
             except LoadError as exc:

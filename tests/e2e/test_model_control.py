@@ -563,6 +563,62 @@ def test_poll_mode_follows_the_repository(
         assert stop_server(server) == 0, server.log()
 
 
+def _wait_index(
+    client: httpclient.InferenceServerClient, key: tuple[str, str], done, timeout_s: float = 60
+) -> dict:
+    """Poll the repository index until ``done(entry)`` holds for ``key``'s entry ({}
+    when it is not listed); fails after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        entry = _index(client).get(key, {})
+        if done(entry):
+            return entry
+        assert time.monotonic() < deadline, f"index entry {key} still {entry}"
+        time.sleep(0.3)
+
+
+def test_poll_mode_forgets_the_failure_of_a_removed_version(
+    model_repository: Path, redis_url: str, tmp_path: Path
+) -> None:
+    """add_sub/2 holding a broken ONNX file fails to load (version 1 keeps serving and
+    the server is not ready); once the folder is removed, version 2 is UNAVAILABLE
+    ``unloaded`` (no longer the load's error) and the server is ready again."""
+    repo = tmp_path / "repo"
+    shutil.copytree(model_repository / "add_sub", repo / "add_sub")
+    server = start_server(
+        repo,
+        redis_url,
+        tmp_path / "serve.log",
+        "--model-control-mode",
+        "poll",
+        "--repository-poll-secs",
+        "1",
+    )
+    try:
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+        assert client.is_server_ready()
+        (repo / "add_sub/2").mkdir()
+        (repo / "add_sub/2/model.onnx").write_bytes(b"not an ONNX model")
+        failed = _wait_index(client, ("add_sub", "2"), lambda e: e.get("state") == "UNAVAILABLE")
+        assert failed["reason"] not in ("", "unloaded")
+        assert _index(client)[("add_sub", "1")]["state"] == "READY"
+        assert not client.is_server_ready()
+        shutil.rmtree(repo / "add_sub/2")
+        gone = _wait_index(client, ("add_sub", "2"), lambda e: e.get("reason") == "unloaded")
+        assert gone["state"] == "UNAVAILABLE"
+        assert _index(client)[("add_sub", "1")]["state"] == "READY"
+        assert client.is_server_ready()
+        a = httpclient.InferInput("INPUT0", [1, 16], "FP32")
+        a.set_data_from_numpy(np.full((1, 16), 2.0, np.float32))
+        b = httpclient.InferInput("INPUT1", [1, 16], "FP32")
+        b.set_data_from_numpy(np.ones((1, 16), np.float32))
+        result = client.infer("add_sub", [a, b])
+        assert result.get_response()["model_version"] == "1"
+        assert result.as_numpy("OUTPUT0").tolist() == [[3.0] * 16]
+    finally:
+        assert stop_server(server) == 0, server.log()
+
+
 def test_failed_reload_keeps_the_old_model(explicit_server: Server) -> None:
     client = httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=120)
     client.load_model("batch_scale")
