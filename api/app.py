@@ -26,6 +26,7 @@ from sluice.api.errors import client_error
 from sluice.api.http.generate import router as generate_router
 from sluice.api.http.infer import InferEndpoint
 from sluice.api.http.jobs import router as jobs_router
+from sluice.api.http.openapi import install_openapi
 from sluice.api.http.routes import error_response, router
 from sluice.api.http.shm_routes import router as shm_router
 from sluice.api.models import ModelRegistry
@@ -101,6 +102,7 @@ def create_app(settings: GatewaySettings, dataplane: DataPlane) -> FastAPI:
     app.include_router(jobs_router)
     app.include_router(shm_router)
     app.include_router(generate_router)
+    install_openapi(app)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     # Exception's handler runs in Starlette's ServerErrorMiddleware, which answers and then
