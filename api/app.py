@@ -118,12 +118,16 @@ def create_app(settings: GatewaySettings, dataplane: DataPlane) -> FastAPI:
 
 
 def wrap_asgi(settings: GatewaySettings, dataplane: DataPlane, router_app: FastAPI) -> ASGIApp:
-    """What uvicorn serves: access control, then the infer fast path, then ``router_app``."""
-    app: ASGIApp = InferEndpoint(router_app, dataplane)
+    """What uvicorn serves: access control, then the infer fast path, then ``router_app``;
+    while the ``inference`` group is open, the infer fast path comes first (its routes
+    need no header, and the task-free path of :mod:`api.http.protocol` applies only to an
+    :class:`InferEndpoint` served directly), then access control, then ``router_app``."""
     policy = AccessPolicy(settings.http.restricted_apis)
-    if policy:
-        app = RestrictedApiMiddleware(app, policy=policy)
-    return app
+    if not policy:
+        return InferEndpoint(router_app, dataplane)
+    if policy.restricts("inference"):
+        return RestrictedApiMiddleware(InferEndpoint(router_app, dataplane), policy=policy)
+    return InferEndpoint(RestrictedApiMiddleware(router_app, policy=policy), dataplane)
 
 
 class RestrictedApiMiddleware:
