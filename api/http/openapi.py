@@ -237,7 +237,12 @@ _OPERATIONS: dict[tuple[str, str], Schema] = {
 _JOBS_QUERY = [
     {"name": "model", "in": "query", "required": False, "schema": {"type": "string"}},
     {"name": "state", "in": "query", "required": False, "schema": {"type": "string"}},
-    {"name": "limit", "in": "query", "required": False, "schema": {"type": "integer"}},
+    {
+        "name": "limit",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
+    },
 ]
 
 
