@@ -15,8 +15,10 @@ is answered (the request holds it), as Triton does.
 
 Rules and texts: Triton ``src/shared_memory_manager.cc`` (``RegisterSystemSharedMemory``,
 ``GetMemoryInfo``, ``GetStatus``, ``Unregister``) and ``src/common.cc``
-(``ValidateSharedMemoryKey``). CUDA shared memory is refused as a Triton built without
-GPU support refuses it (``src/http_server.cc`` ``HandleCudaSharedMemory``).
+(``ValidateSharedMemoryKey``). System and CUDA regions share one set of names, as in
+Triton. CUDA regions are :class:`api.cuda_shared_memory.CudaRegion`; without CUDA a
+register is refused as a Triton built without GPU support refuses it
+(``src/http_server.cc`` ``HandleCudaSharedMemory``).
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+from sluice.api.cuda_shared_memory import CudaCallError, CudaRegion, cuda_runtime
 from sluice.broker.errors import ErrorCode, SluiceError, invalid_arg
 
 __all__ = ["SHM_ROOT", "RegionSlice", "SharedMemoryRegistry", "SystemRegion"]
@@ -82,6 +86,14 @@ class SystemRegion:
             memoryview(self._map)[offset - start :] if self._map is not None else memoryview(b"")
         )
 
+    def read(self, offset: int, byte_size: int) -> bytes:
+        """A copy of ``byte_size`` bytes at ``offset`` of the window."""
+        return self.view[offset : offset + byte_size].tobytes()
+
+    def write(self, offset: int, data: bytes) -> None:
+        """Copy ``data`` to ``offset`` of the window (the caller checked the bounds)."""
+        self.view[offset : offset + len(data)] = data
+
     def status(self) -> dict[str, Any]:
         """The region as ``GET /v2/systemsharedmemory/status`` lists it."""
         return {
@@ -129,12 +141,57 @@ class RegionSlice:
     """The bytes one tensor takes in a region.
 
     Attributes:
-        region: the region (kept, so it stays mapped while the request is in flight).
-        view: the tensor's bytes, ``byte_size`` long, writable.
+        region: the region (kept, so it stays mapped or open while the request is in
+            flight).
+        offset: where the tensor's bytes start, relative to the region's start.
+        byte_size: how many bytes the tensor may take.
     """
 
-    region: SystemRegion
-    view: memoryview
+    region: SystemRegion | CudaRegion
+    offset: int
+    byte_size: int
+
+    def __len__(self) -> int:
+        return self.byte_size
+
+    @property
+    def view(self) -> memoryview:
+        """The slice's bytes, writable (system regions only).
+
+        Raises:
+            TypeError: for a CUDA region (its bytes are on the device).
+        """
+        if not isinstance(self.region, SystemRegion):
+            raise TypeError(f"region '{self.region.name}' is CUDA memory")
+        return self.region.view[self.offset : self.offset + self.byte_size]
+
+    def read(self) -> bytes:
+        """A host copy of the slice's bytes.
+
+        Raises:
+            SluiceError: INTERNAL when a CUDA copy fails.
+        """
+        try:
+            return self.region.read(self.offset, self.byte_size)
+        except CudaCallError as exc:
+            raise _copy_failed(self.region.name, exc) from None
+
+    def write(self, data: bytes) -> None:
+        """Copy ``data`` (at most :attr:`byte_size` bytes) to the slice's start.
+
+        Raises:
+            SluiceError: INTERNAL when a CUDA copy fails.
+        """
+        try:
+            self.region.write(self.offset, data)
+        except CudaCallError as exc:
+            raise _copy_failed(self.region.name, exc) from None
+
+
+def _copy_failed(name: str, exc: CudaCallError) -> SluiceError:
+    return SluiceError(
+        ErrorCode.INTERNAL, f"failed to copy CUDA shared memory region '{name}': {exc}"
+    )
 
 
 class SharedMemoryRegistry:
@@ -142,6 +199,13 @@ class SharedMemoryRegistry:
 
     def __init__(self) -> None:
         self._system: dict[str, SystemRegion] = {}
+        self._cuda: dict[str, CudaRegion] = {}
+
+    def _check_new(self, name: str) -> None:
+        if name in self._system or name in self._cuda:
+            raise SluiceError(
+                ErrorCode.ALREADY_EXISTS, f"shared memory region '{name}' already in manager"
+            )
 
     # -- system shared memory ---------------------------------------------------------------
 
@@ -155,10 +219,7 @@ class SharedMemoryRegistry:
         """
         if not name:
             raise invalid_arg("'region name' is necessary to register system shared memory region")
-        if name in self._system:
-            raise SluiceError(
-                ErrorCode.ALREADY_EXISTS, f"shared memory region '{name}' already in manager"
-            )
+        self._check_new(name)
         if offset < 0 or byte_size < 0:
             raise invalid_arg(f"failed to register shared memory region '{name}': invalid args")
         self._system[name] = SystemRegion(name, key, offset, byte_size)
@@ -182,6 +243,8 @@ class SharedMemoryRegistry:
             return [self._system[n].status() for n in sorted(self._system)]
         region = self._system.get(name)
         if region is None:
+            if name in self._cuda:
+                raise _other_kind(name, "CUDA", "system")
             raise SluiceError(
                 ErrorCode.NOT_FOUND, f"Unable to find system shared memory region: '{name}'"
             )
@@ -195,38 +258,80 @@ class SharedMemoryRegistry:
             SluiceError: NOT_FOUND for a region not registered; INVALID_ARG for an
                 offset at or past the region's end, or bytes past it (Triton's texts).
         """
-        region = self._system.get(name)
+        region: SystemRegion | CudaRegion | None = self._system.get(name) or self._cuda.get(name)
         if region is None:
             raise _not_found(name)
         if not 0 <= offset < region.byte_size:
             raise invalid_arg(f"Invalid offset for shared memory region: '{name}'")
         if byte_size < 0 or offset + byte_size > region.byte_size:
             raise invalid_arg(f"Invalid offset + byte size for shared memory region: '{name}'")
-        return RegionSlice(region, region.view[offset : offset + byte_size])
+        return RegionSlice(region, offset, byte_size)
 
     # -- CUDA shared memory -----------------------------------------------------------------
 
-    def register_cuda(self, name: str) -> None:
-        """Refused: the gateway maps no CUDA memory (a Triton built without GPU support
-        answers the same).
+    def check_cuda(self, name: str) -> ModuleType:
+        """The CUDA runtime bindings a register of region ``name`` uses.
 
         Raises:
-            SluiceError: INVALID_ARG, always.
+            SluiceError: INVALID_ARG without a name, or without CUDA in this process
+                (the text of a Triton built without GPU support).
         """
         if not name:
             raise invalid_arg("'region name' is necessary to register cuda shared memory region")
-        raise invalid_arg(
-            f"failed to register CUDA shared memory region: '{name}', GPUs not supported"
-        )
+        rt = cuda_runtime()
+        if rt is None:
+            raise invalid_arg(
+                f"failed to register CUDA shared memory region: '{name}', GPUs not supported"
+            )
+        return rt
 
-    def cuda_status(self, name: str = "") -> list[dict[str, Any]]:
-        """No CUDA region is ever registered: ``[]``.
+    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        """Open the CUDA IPC handle ``raw_handle`` of ``byte_size`` bytes on device
+        ``device_id`` (``cudaIpcMemHandle_t``'s bytes, base64-decoded).
 
         Raises:
-            SluiceError: NOT_FOUND for any name.
+            SluiceError: INVALID_ARG without a name, without CUDA in this process
+                (Triton's no-GPU text), or for a handle that cannot be opened;
+                ALREADY_EXISTS for a name registered already (of either kind).
         """
+        rt = self.check_cuda(name)
+        self._check_new(name)
+        if device_id < 0 or byte_size < 0:
+            raise invalid_arg(
+                f"failed to register CUDA shared memory region '{name}': invalid args"
+            )
+        self._cuda[name] = CudaRegion(rt, name, raw_handle, device_id, byte_size)
+
+    def unregister_cuda(self, name: str = "") -> None:
+        """Forget one CUDA region (a name never registered, or a system region's: nothing
+        to do) or, with ``""``, every CUDA region. The handle is closed once no request
+        in flight holds the region."""
         if name:
+            self._cuda.pop(name, None)
+        else:
+            self._cuda.clear()
+
+    def cuda_status(self, name: str = "") -> list[dict[str, Any]]:
+        """Every CUDA region (``""``, by name) or the one named.
+
+        Raises:
+            SluiceError: NOT_FOUND for a name not registered as a CUDA region.
+        """
+        if not name:
+            return [self._cuda[n].status() for n in sorted(self._cuda)]
+        region = self._cuda.get(name)
+        if region is None:
+            if name in self._system:
+                raise _other_kind(name, "system", "CUDA")
             raise SluiceError(
                 ErrorCode.NOT_FOUND, f"Unable to find cuda shared memory region: '{name}'"
             )
-        return []
+        return [region.status()]
+
+
+def _other_kind(name: str, kind: str, asked: str) -> SluiceError:
+    return SluiceError(
+        ErrorCode.NOT_FOUND,
+        f"The region named '{name}' is registered as {kind} shared memory, "
+        f"not {asked} shared memory",
+    )

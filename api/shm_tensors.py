@@ -180,7 +180,7 @@ def read_inputs(
     for tensor in inputs:
         ref = refs.get(tensor.name)
         if ref is not None:
-            data = registry.slice(ref.region, ref.offset, ref.byte_size).view.tobytes()
+            data = registry.slice(ref.region, ref.offset, ref.byte_size).read()
             tensor = WireTensor(tensor.name, tensor.datatype, tensor.shape, data)
         tensors.append(tensor)
     return tuple(tensors)
@@ -203,17 +203,17 @@ def write_output(target: RegionSlice, tensor: WireTensor) -> None:
 
     Raises:
         SluiceError: INTERNAL when the slice is smaller than the output (Triton's text;
-            nothing is written then).
+            nothing is written then) or a CUDA copy fails.
     """
     size = len(tensor.data)
-    if size > len(target.view):
+    if size > len(target):
         raise SluiceError(
             ErrorCode.INTERNAL,
             f"shared memory size specified with the request for output '{tensor.name}' "
-            f"({len(target.view)} bytes) should be at least {size} bytes to hold the results",
+            f"({len(target)} bytes) should be at least {size} bytes to hold the results",
             tensor=tensor.name,
         )
-    target.view[:size] = tensor.data
+    target.write(tensor.data)
 
 
 def refuse_shared_memory(shm: ShmTensors | None, model: str, what: str) -> None:

@@ -39,7 +39,8 @@ PY
 started=$(date +%s)
 timeout 400 "$python" -m pytest -q -p no:cacheprovider tests/e2e/test_gpu.py \
     tests/e2e/test_metrics.py tests/e2e/test_backends_torch.py \
-    tests/e2e/test_backends_tensorrt.py tests/unit/gpu_workers 2>&1 | tee "$logs/gpu_pytest.log" | tail -15
+    tests/e2e/test_backends_tensorrt.py tests/e2e/test_cuda_shared_memory.py \
+    tests/unit/gpu_workers 2>&1 | tee "$logs/gpu_pytest.log" | tail -15
 tests=${PIPESTATUS[0]}
 echo "tests: exit $tests, $(( $(date +%s) - started )) s"
 timeout 180 "$python" benchmarks/bench_gpu.py --duration 4 2>&1 | tee "$logs/gpu_bench.log" | tail -20

@@ -59,17 +59,25 @@ class SharedMemoryRpcs:
         request: service_pb2.CudaSharedMemoryStatusRequest,
         context: grpc.aio.ServicerContext,
     ) -> service_pb2.CudaSharedMemoryStatusResponse:
-        """No CUDA region is ever registered: an empty map (a name: NOT_FOUND)."""
-        self._dp.shared_memory.cuda_status(request.name)
-        return service_pb2.CudaSharedMemoryStatusResponse()
+        """Every registered CUDA region (``name`` empty) or the one named (NOT_FOUND when
+        it is not registered), keyed by name."""
+        response = service_pb2.CudaSharedMemoryStatusResponse()
+        for region in self._dp.shared_memory.cuda_status(request.name):
+            response.regions[region["name"]].CopyFrom(
+                service_pb2.CudaSharedMemoryStatusResponse.RegionStatus(**region)
+            )
+        return response
 
     async def CudaSharedMemoryRegister(
         self,
         request: service_pb2.CudaSharedMemoryRegisterRequest,
         context: grpc.aio.ServicerContext,
     ) -> service_pb2.CudaSharedMemoryRegisterResponse:
-        """Refused (INVALID_ARGUMENT): the gateway maps no CUDA memory."""
-        self._dp.shared_memory.register_cuda(request.name)
+        """Open the client's CUDA IPC handle (``raw_handle``'s bytes) of ``byte_size``
+        bytes on ``device_id``; INVALID_ARGUMENT without CUDA (Triton's no-GPU text)."""
+        self._dp.shared_memory.register_cuda(
+            request.name, request.raw_handle, request.device_id, request.byte_size
+        )
         return service_pb2.CudaSharedMemoryRegisterResponse()
 
     async def CudaSharedMemoryUnregister(
@@ -77,5 +85,6 @@ class SharedMemoryRpcs:
         request: service_pb2.CudaSharedMemoryUnregisterRequest,
         context: grpc.aio.ServicerContext,
     ) -> service_pb2.CudaSharedMemoryUnregisterResponse:
-        """Nothing registered, nothing to do."""
+        """Unregister the named CUDA region (not registered: nothing to do), or every one."""
+        self._dp.shared_memory.unregister_cuda(request.name)
         return service_pb2.CudaSharedMemoryUnregisterResponse()

@@ -1,15 +1,14 @@
-"""Server metadata, model metadata and model configuration; the extensions served and
-the one answered without being implemented (CUDA shared memory).
+"""Server metadata, model metadata and model configuration, and the extensions served.
 
 Shapes: docs/reference/http-protocol.md (Server and model metadata, Model
 configuration JSON, Trace and shared memory); Triton ``src/http_server.cc``
 (``HandleServerMetadata``, ``HandleModelMetadata``, ``HandleModelConfig``).
 
-Only what is implemented is advertised in the server metadata's ``extensions``. CUDA
-shared memory (``/v2/cudasharedmemory``, gRPC ``CudaSharedMemory*``) is answered, over
-HTTP and gRPC alike, as a Triton built without GPU support answers it
-(:mod:`api.shared_memory`); system shared memory is implemented
-(``system_shared_memory``).
+Only what is implemented is advertised in the server metadata's ``extensions``. System
+shared memory is (``system_shared_memory``); CUDA shared memory
+(``cuda_shared_memory``, :mod:`api.cuda_shared_memory`) is advertised only where the
+gateway sees a CUDA device through NVIDIA's bindings. Elsewhere its endpoints answer as a
+Triton built without GPU support answers them.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from sluice.api.cuda_shared_memory import cuda_runtime
 from sluice.api.models import ModelRegistry, ModelView
 from sluice.api.settings import GatewaySettings
 
@@ -55,11 +55,10 @@ class Metadata:
         """``GET /v2`` body: ``{"name", "version", "extensions"}``."""
         from sluice import __version__
 
-        return {
-            "name": self._settings.server_id,
-            "version": __version__,
-            "extensions": list(EXTENSIONS),
-        }
+        extensions = list(EXTENSIONS)
+        if cuda_runtime() is not None:  # after system_shared_memory, in Triton's order
+            extensions.insert(extensions.index("system_shared_memory") + 1, "cuda_shared_memory")
+        return {"name": self._settings.server_id, "version": __version__, "extensions": extensions}
 
     async def model_metadata(self, model: str, version: int | None) -> dict[str, Any]:
         """``GET /v2/models/{m}[/versions/{v}]`` body: name, READY versions (the one asked

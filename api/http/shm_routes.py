@@ -10,6 +10,8 @@ empty body; unregister without a region name unregisters every region of the kin
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Any
 
 import orjson
@@ -81,18 +83,49 @@ async def system_unregister(request: Request, name: str = "") -> Response:
 
 
 async def cuda_status(request: Request, name: str = "") -> Response:
-    """No CUDA region is ever registered: ``[]`` (a name: 404)."""
+    """Every registered CUDA region, or the one named (404 when not registered)."""
     return json_response(dataplane(request).shared_memory.cuda_status(name))
 
 
+def _raw_handle(body: dict[str, Any]) -> bytes:
+    """The ``raw_handle: {"b64": ...}`` member, decoded.
+
+    Raises:
+        SluiceError: INVALID_ARG when it is missing, not an object with a string
+            ``b64``, or not base64.
+    """
+    if "raw_handle" not in body:
+        raise invalid_arg("Shared memory register request has no 'raw_handle' field")
+    member = body["raw_handle"]
+    encoded = member.get("b64") if isinstance(member, dict) else None
+    if not isinstance(encoded, str):
+        raise invalid_arg(
+            f"Unable to parse 'b64' of the shared memory register request: {NOT_STRING}"
+        )
+    try:
+        return base64.b64decode(encoded, validate=True)
+    except binascii.Error:
+        raise invalid_arg(
+            "'raw_handle' of the shared memory register request is not base64"
+        ) from None
+
+
 async def cuda_register(request: Request, name: str) -> Response:
-    """Refused: the gateway maps no CUDA memory (400, Triton's text without GPUs)."""
-    dataplane(request).shared_memory.register_cuda(name)
-    return empty()  # pragma: no cover - register_cuda always raises
+    """Open the client's CUDA IPC handle (``raw_handle``, ``device_id``, ``byte_size``);
+    without CUDA, 400 with Triton's no-GPU text whatever the body."""
+    registry = dataplane(request).shared_memory
+    registry.check_cuda(name)
+    body = await _register_body(request)
+    raw_handle = _raw_handle(body)
+    byte_size = _member(body, "byte_size", True)
+    device_id = _member(body, "device_id", True)
+    registry.register_cuda(name, raw_handle, device_id, byte_size)
+    return empty()
 
 
 async def cuda_unregister(request: Request, name: str = "") -> Response:
-    """Nothing registered, nothing to do."""
+    """Unregister one CUDA region (a name not registered: nothing to do), or all."""
+    dataplane(request).shared_memory.unregister_cuda(name)
     return empty()
 
 

@@ -8,7 +8,12 @@ from e2e_support import grpc_health_status
 from google.protobuf import json_format
 from tritonclient.utils import InferenceServerException
 
+from sluice.api.cuda_shared_memory import cuda_runtime
+
 pytestmark = pytest.mark.e2e
+
+#: the no-GPU answers; with a CUDA device, tests/e2e/test_cuda_shared_memory.py instead.
+WITHOUT_CUDA = pytest.mark.skipif(cuda_runtime() is not None, reason="a CUDA device is seen")
 
 
 def _raises(call, *args, **kwargs) -> InferenceServerException:
@@ -115,6 +120,7 @@ def test_statistics(grpc_client, server) -> None:
     assert err.message() == "requested model 'nope' is not available"
 
 
+@WITHOUT_CUDA
 def test_cuda_shared_memory_refused_as_without_gpus(grpc_client) -> None:
     """CUDA shared memory is answered as a Triton built without GPU support answers it
     (system shared memory: tests/e2e/test_shared_memory.py)."""
@@ -127,6 +133,7 @@ def test_cuda_shared_memory_refused_as_without_gpus(grpc_client) -> None:
     assert err.status() == "StatusCode.NOT_FOUND"
 
 
+@WITHOUT_CUDA
 def test_cuda_shared_memory_answered_alike_over_http(server) -> None:
     """The HTTP endpoints answer as the gRPC ones: empty status, unregister succeeds,
     register refused (400, the same text)."""

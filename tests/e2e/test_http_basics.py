@@ -12,6 +12,8 @@ import pytest
 import requests
 from e2e_support import read_http_responses
 
+from sluice.api.cuda_shared_memory import cuda_runtime
+
 pytestmark = pytest.mark.e2e
 
 
@@ -30,7 +32,8 @@ def test_model_ready(http_client) -> None:
 def test_server_metadata(http_client) -> None:
     meta = http_client.get_server_metadata()
     assert meta["name"] == "triton"
-    # what is implemented, in Triton's order (CUDA shared memory is not)
+    # what is implemented, in Triton's order (CUDA shared memory only with a CUDA device)
+    cuda = ["cuda_shared_memory"] if cuda_runtime() is not None else []
     assert meta["extensions"] == [
         "classification",
         "sequence",
@@ -39,6 +42,7 @@ def test_server_metadata(http_client) -> None:
         "schedule_policy",
         "model_configuration",
         "system_shared_memory",
+        *cuda,
         "binary_tensor_data",
         "parameters",
         "statistics",

@@ -15,6 +15,7 @@ import tritonclient.http as httpclient
 from tritonclient.grpc._utils import _get_inference_request as grpc_request
 from tritonclient.http._utils import _get_inference_request as http_request
 
+from sluice.api.cuda_shared_memory import cuda_runtime
 from sluice.api.grpc.codec import encode_infer_response as grpc_encode
 from sluice.api.grpc.codec import parse_infer_request as grpc_parse
 from sluice.api.http.infer_request import parse_infer_request as http_parse
@@ -307,3 +308,60 @@ def test_header_cache_keeps_shared_memory_headers(key: str) -> None:
     assert read_inputs(registry, second.inputs, second.shm.inputs)[0].data == bytes(range(32, 48))
     (SHM_ROOT / key[1:]).write_bytes(b"\xff" * 64)
     assert read_inputs(registry, second.inputs, second.shm.inputs)[0].data == b"\xff" * 16
+
+
+@pytest.mark.skipif(
+    cuda_runtime() is not None, reason="CUDA seen: tests/e2e/test_cuda_shared_memory.py"
+)
+def test_cuda_without_a_device_answers_as_triton_without_gpus(key: str) -> None:
+    registry = SharedMemoryRegistry()
+    error = _error(registry.register_cuda, "g", b"\0" * 64, 0, 64)
+    assert (error.code, error.message) == (
+        ErrorCode.INVALID_ARG,
+        "failed to register CUDA shared memory region: 'g', GPUs not supported",
+    )
+    error = _error(registry.register_cuda, "", b"\0" * 64, 0, 64)
+    assert error.message == "'region name' is necessary to register cuda shared memory region"
+    assert registry.cuda_status() == []
+    registry.unregister_cuda("g")  # not registered: nothing to do
+    registry.unregister_cuda()
+    error = _error(registry.cuda_status, "g")
+    assert (error.code, error.message) == (
+        ErrorCode.NOT_FOUND,
+        "Unable to find cuda shared memory region: 'g'",
+    )
+
+
+def test_one_set_of_names_for_both_kinds(key: str) -> None:
+    """A system region's name answers the CUDA status with Triton's wrong-kind text, and
+    CUDA unregister leaves it alone."""
+    registry = SharedMemoryRegistry()
+    registry.register_system("s", key, 0, 64)
+    error = _error(registry.cuda_status, "s")
+    assert (error.code, error.message) == (
+        ErrorCode.NOT_FOUND,
+        "The region named 's' is registered as system shared memory, not CUDA shared memory",
+    )
+    registry.unregister_cuda("s")
+    registry.unregister_cuda()
+    assert [region["name"] for region in registry.system_status()] == ["s"]
+    target = registry.slice("s", 8, 8)
+    assert (len(target), target.read()) == (8, bytes(range(8, 16)))
+    target.write(b"\xaa" * 4)
+    assert registry.slice("s", 6, 8).read() == bytes([6, 7]) + b"\xaa" * 4 + bytes([12, 13])
+
+
+def test_cuda_register_body_raw_handle() -> None:
+    """The HTTP register body's ``raw_handle: {"b64": ...}``, as tritonclient.http sends it."""
+    from sluice.api.http.shm_routes import _raw_handle
+
+    assert _raw_handle({"raw_handle": {"b64": "AAECAw=="}}) == bytes([0, 1, 2, 3])
+    for body, text in (
+        ({}, "Shared memory register request has no 'raw_handle' field"),
+        ({"raw_handle": "AAECAw=="}, "Unable to parse 'b64' of the shared memory register"),
+        ({"raw_handle": {"b64": 7}}, "Unable to parse 'b64' of the shared memory register"),
+        ({"raw_handle": {"b64": "@@"}}, "'raw_handle' of the shared memory register request"),
+    ):
+        error = _error(_raw_handle, body)
+        assert error.code == ErrorCode.INVALID_ARG
+        assert error.message.startswith(text), body
