@@ -226,7 +226,7 @@ _OPERATIONS: dict[tuple[str, str], Schema] = {
     **{
         ("post", f"/v2/{kind}/region/{{name}}/register"): {
             "requestBody": {"required": True, "content": _json(_OBJECT)},
-            "responses": _EMPTY if kind == "systemsharedmemory" else {},  # CUDA: always 400
+            "responses": _EMPTY,  # CUDA without a CUDA device: always 400
         }
         for kind in ("systemsharedmemory", "cudasharedmemory")
     },
