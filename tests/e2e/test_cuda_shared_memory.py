@@ -10,7 +10,6 @@ or see no device. On a GPU machine run ``pytest -m gpu tests/e2e``.
 
 from __future__ import annotations
 
-import shutil
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -21,7 +20,7 @@ import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
-from e2e_support import ROOT, Server, start_server, stop_server
+from e2e_support import Server, start_server, stop_server
 from tritonclient.utils import InferenceServerException
 
 from sluice.api.cuda_shared_memory import cuda_runtime
@@ -37,10 +36,13 @@ except (ImportError, RuntimeError) as exc:  # tritonclient raises RuntimeError w
 
 
 @pytest.fixture(scope="module")
-def server(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A server of ``add_sub`` (FP32 [1, 16] in, sum and difference out)."""
+def server(
+    redis_url: str, tmp_path_factory: pytest.TempPathFactory, examples: Any
+) -> Iterator[Server]:
+    """A server of ``add_sub`` (FP32 [1, 16] in, sum and difference out), built here (a
+    bare GPU machine has no example repository built)."""
     repo = tmp_path_factory.mktemp("cudashm-repo")
-    shutil.copytree(ROOT / "examples" / "model_repository" / "add_sub", repo / "add_sub")
+    examples.build_add_sub(repo)
     started = start_server(repo, redis_url, repo.parent / "cudashm.log")
     try:
         yield started
