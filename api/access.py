@@ -76,6 +76,10 @@ class AccessPolicy:
     def __bool__(self) -> bool:
         return bool(self._rules)
 
+    def restricts(self, group: str) -> bool:
+        """Whether calls to ``group`` need a header."""
+        return group in self._rules
+
     def missing_header(self, group: str, headers: Mapping[str, str]) -> str | None:
         """The header a call to ``group`` lacks (or has a wrong value for); None = may run.
 

@@ -26,6 +26,7 @@ from sluice.api.errors import client_error
 from sluice.api.http.generate import router as generate_router
 from sluice.api.http.infer import InferEndpoint
 from sluice.api.http.jobs import router as jobs_router
+from sluice.api.http.openapi import install_openapi
 from sluice.api.http.routes import error_response, router
 from sluice.api.http.shm_routes import router as shm_router
 from sluice.api.models import ModelRegistry
@@ -101,6 +102,7 @@ def create_app(settings: GatewaySettings, dataplane: DataPlane) -> FastAPI:
     app.include_router(jobs_router)
     app.include_router(shm_router)
     app.include_router(generate_router)
+    install_openapi(app)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     # Exception's handler runs in Starlette's ServerErrorMiddleware, which answers and then
@@ -116,12 +118,16 @@ def create_app(settings: GatewaySettings, dataplane: DataPlane) -> FastAPI:
 
 
 def wrap_asgi(settings: GatewaySettings, dataplane: DataPlane, router_app: FastAPI) -> ASGIApp:
-    """What uvicorn serves: access control, then the infer fast path, then ``router_app``."""
-    app: ASGIApp = InferEndpoint(router_app, dataplane)
+    """What uvicorn serves: access control, then the infer fast path, then ``router_app``;
+    while the ``inference`` group is open, the infer fast path comes first (its routes
+    need no header, and the task-free path of :mod:`api.http.protocol` applies only to an
+    :class:`InferEndpoint` served directly), then access control, then ``router_app``."""
     policy = AccessPolicy(settings.http.restricted_apis)
-    if policy:
-        app = RestrictedApiMiddleware(app, policy=policy)
-    return app
+    if not policy:
+        return InferEndpoint(router_app, dataplane)
+    if policy.restricts("inference"):
+        return RestrictedApiMiddleware(InferEndpoint(router_app, dataplane), policy=policy)
+    return InferEndpoint(RestrictedApiMiddleware(router_app, policy=policy), dataplane)
 
 
 class RestrictedApiMiddleware:

@@ -4,13 +4,14 @@ system and CUDA shared-memory extensions).
 A client on the gateway's host creates a POSIX shared-memory object (``shm_open``; on
 Linux a file under ``/dev/shm``), registers a window of it by name (``key``, ``offset``,
 ``byte_size``), and then names that region in an inference request's tensor parameters
-instead of sending the tensor's bytes. The gateway maps the window once, at register,
-reads inputs from it when it queues a request, and writes outputs into it when the
-answer comes back.
+instead of sending the tensor's bytes. The gateway opens the object once, at register,
+reads inputs from the window when it queues a request, and writes outputs into it when
+the answer comes back (``pread``/``pwrite``: an object shrunk after register is refused
+with an error naming the region, never read past its end).
 
 Regions live in one gateway process: several gateways behind one port each have their
 own (docs/user-guide/shared-memory.md says what a client does about it). A region
-unregistered while a request that uses it is in flight stays mapped until that request
+unregistered while a request that uses it is in flight stays open until that request
 is answered (the request holds it), as Triton does.
 
 Rules and texts: Triton ``src/shared_memory_manager.cc`` (``RegisterSystemSharedMemory``,
@@ -23,9 +24,9 @@ register is refused as a Triton built without GPU support refuses it
 
 from __future__ import annotations
 
-import mmap
 import os
 import stat
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -48,17 +49,22 @@ def _not_found(name: str) -> SluiceError:
 
 
 class SystemRegion:
-    """One registered window of a POSIX shared-memory object, mapped read-write.
+    """One registered window of a POSIX shared-memory object, open read-write.
+
+    The object's descriptor stays open while the region lives (so an object unlinked by
+    its client stays readable, as a mapping would keep it); bytes are copied with
+    ``pread``/``pwrite`` at the window's offset, never through a mapping, so an object
+    the client shrank (``ftruncate``) after register gives an error naming the region
+    instead of a ``SIGBUS`` in the gateway.
 
     Attributes:
         name: the region's name (the ``shared_memory_region`` tensors give).
         key: the shared-memory object's key, as registered (``/name`` or ``name``).
         offset: where the window starts in the object, in bytes.
-        byte_size: the window's length, in bytes.
-        view: the window's bytes (``byte_size`` long), writable.
+        byte_size: the window's length, in bytes (at least 1).
     """
 
-    __slots__ = ("_map", "byte_size", "key", "name", "offset", "view")
+    __slots__ = ("__weakref__", "_fd", "byte_size", "key", "name", "offset")
 
     def __init__(self, name: str, key: str, offset: int, byte_size: int) -> None:
         self.name = name
@@ -67,32 +73,59 @@ class SystemRegion:
         self.byte_size = byte_size
         fd = _open_key(name, key)
         try:
-            size = os.fstat(fd).st_size
-            if offset + byte_size > size:
+            if offset + byte_size > os.fstat(fd).st_size:
                 raise invalid_arg(f"failed to register shared memory region '{name}': invalid args")
-            # mmap offsets must be page multiples: map from the page the window starts in
-            start = offset - offset % mmap.ALLOCATIONGRANULARITY
-            length = offset + byte_size - start
-            try:
-                self._map = mmap.mmap(fd, length, mmap.MAP_SHARED, offset=start) if length else None
-            except (OSError, ValueError) as exc:
+            if byte_size == 0:  # Triton's mmap of zero bytes fails
                 raise invalid_arg(
-                    f"failed to register shared memory region '{name}': unable to map the "
-                    f"region into the gateway's address space: {exc}"
-                ) from None
-        finally:
+                    f"failed to register shared memory region '{name}': byte_size must be "
+                    "greater than 0 (a zero-length region cannot be mapped)"
+                )
+        except BaseException:
             os.close(fd)
-        self.view = (
-            memoryview(self._map)[offset - start :] if self._map is not None else memoryview(b"")
+            raise
+        self._fd = fd
+        weakref.finalize(self, os.close, fd)
+
+    def _shrunk(self, size: int) -> SluiceError:
+        return invalid_arg(
+            f"shared memory region '{self.name}' is smaller than registered: its object "
+            f"'{self.key}' now holds {size} bytes, the region needs "
+            f"{self.offset + self.byte_size}"
         )
 
     def read(self, offset: int, byte_size: int) -> bytes:
-        """A copy of ``byte_size`` bytes at ``offset`` of the window."""
-        return self.view[offset : offset + byte_size].tobytes()
+        """A copy of ``byte_size`` bytes at ``offset`` of the window.
+
+        Raises:
+            SluiceError: INVALID_ARG when the object is now shorter than those bytes.
+        """
+        at = self.offset + offset
+        chunks: list[bytes] = []
+        left = byte_size
+        while left:
+            chunk = os.pread(self._fd, left, at)
+            if not chunk:  # end of the object: it shrank since register
+                raise self._shrunk(os.fstat(self._fd).st_size)
+            chunks.append(chunk)
+            at += len(chunk)
+            left -= len(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def write(self, offset: int, data: bytes) -> None:
-        """Copy ``data`` to ``offset`` of the window (the caller checked the bounds)."""
-        self.view[offset : offset + len(data)] = data
+        """Copy ``data`` to ``offset`` of the window (the caller checked the bounds).
+
+        Raises:
+            SluiceError: INVALID_ARG when the object is now shorter than the window's
+                bytes ``data`` goes to (nothing is written then).
+        """
+        at = self.offset + offset
+        size = os.fstat(self._fd).st_size
+        if at + len(data) > size:
+            raise self._shrunk(size)
+        view = memoryview(data)
+        done = 0
+        while done < len(view):
+            done += os.pwrite(self._fd, view[done:], at + done)
 
     def status(self) -> dict[str, Any]:
         """The region as ``GET /v2/systemsharedmemory/status`` lists it."""
@@ -128,7 +161,7 @@ def _open_key(name: str, key: str) -> int:
         raise unable
     try:
         fd = os.open(SHM_ROOT / bare, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL byte, which no file name holds
         raise unable from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
@@ -141,8 +174,7 @@ class RegionSlice:
     """The bytes one tensor takes in a region.
 
     Attributes:
-        region: the region (kept, so it stays mapped or open while the request is in
-            flight).
+        region: the region (kept, so it stays open while the request is in flight).
         offset: where the tensor's bytes start, relative to the region's start.
         byte_size: how many bytes the tensor may take.
     """
@@ -154,22 +186,12 @@ class RegionSlice:
     def __len__(self) -> int:
         return self.byte_size
 
-    @property
-    def view(self) -> memoryview:
-        """The slice's bytes, writable (system regions only).
-
-        Raises:
-            TypeError: for a CUDA region (its bytes are on the device).
-        """
-        if not isinstance(self.region, SystemRegion):
-            raise TypeError(f"region '{self.region.name}' is CUDA memory")
-        return self.region.view[self.offset : self.offset + self.byte_size]
-
     def read(self) -> bytes:
         """A host copy of the slice's bytes.
 
         Raises:
-            SluiceError: INTERNAL when a CUDA copy fails.
+            SluiceError: INTERNAL when a CUDA copy fails; INVALID_ARG when a system
+                region's object shrank below the slice since register.
         """
         try:
             return self.region.read(self.offset, self.byte_size)
@@ -180,7 +202,8 @@ class RegionSlice:
         """Copy ``data`` (at most :attr:`byte_size` bytes) to the slice's start.
 
         Raises:
-            SluiceError: INTERNAL when a CUDA copy fails.
+            SluiceError: INTERNAL when a CUDA copy fails; INVALID_ARG when a system
+                region's object shrank below the slice since register.
         """
         try:
             self.region.write(self.offset, data)
@@ -213,9 +236,9 @@ class SharedMemoryRegistry:
         """Map ``byte_size`` bytes at ``offset`` of the shared-memory object ``key``.
 
         Raises:
-            SluiceError: INVALID_ARG without a name, for a bad key or a window past the
-                object's end; ALREADY_EXISTS for a name registered already; INTERNAL for
-                a key that cannot be opened.
+            SluiceError: INVALID_ARG without a name, for a bad key, a window past the
+                object's end or of zero bytes; ALREADY_EXISTS for a name registered
+                already; INTERNAL for a key that cannot be opened.
         """
         if not name:
             raise invalid_arg("'region name' is necessary to register system shared memory region")
@@ -226,7 +249,7 @@ class SharedMemoryRegistry:
 
     def unregister_system(self, name: str = "") -> None:
         """Forget one region (a name never registered: nothing to do) or, with ``""``,
-        every region. A request in flight keeps its region mapped until it is answered."""
+        every region. A request in flight keeps its region open until it is answered."""
         if name:
             self._system.pop(name, None)
         else:

@@ -20,9 +20,12 @@ exit 2 and a message naming the flag and the value.
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 from typing import Any
 
 from sluice.api.settings import TRACE_LEVELS, TraceConfig
+from sluice.api.trace_settings import strict_int
 from sluice.broker.tracing import parse_resource
 
 __all__ = ["add_trace_arguments", "apply_trace_arguments", "forward_trace_arguments"]
@@ -41,24 +44,35 @@ def _mode(text: str) -> str:
 
 
 def _non_negative(text: str) -> int:
-    value = int(text)
+    value = strict_int(text)
     if value < 0:
         raise ValueError("expected an integer >= 0")
     return value
 
 
 def _positive(text: str) -> int:
-    value = int(text)
+    value = strict_int(text)
     if value <= 0:
         raise ValueError("expected an integer > 0")
     return value
 
 
 def _count(text: str) -> int:
-    value = int(text)
+    value = strict_int(text)
     if value < -1:
         raise ValueError("expected -1 (no limit) or an integer >= 0")
     return value
+
+
+def _trace_file(text: str) -> str:
+    """A trace file path whose folder exists and can be written (checked at start, not
+    at the first trace)."""
+    folder = Path(text).expanduser().parent
+    if not text or not folder.is_dir():
+        raise ValueError(f"the folder '{folder}' does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"the folder '{folder}' cannot be written")
+    return text
 
 
 def _resource(text: str) -> str:
@@ -74,7 +88,7 @@ _SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "count": ("count", _count),
         "mode": ("mode", _mode),
     },
-    "triton": {"file": ("file", str), "log-frequency": ("log_frequency", _non_negative)},
+    "triton": {"file": ("file", _trace_file), "log-frequency": ("log_frequency", _non_negative)},
     "opentelemetry": {
         "url": ("url", str),
         "resource": ("resource", _resource),
@@ -112,8 +126,9 @@ def _trace_config(text: str) -> tuple[str, str, Any]:
     if not sep or key not in _SETTINGS[section]:
         known = ", ".join(_SETTINGS[section])
         where = f"{section}," if section else ""
+        others = "" if section else " (or triton,<setting>=... / opentelemetry,<setting>=...)"
         raise argparse.ArgumentTypeError(
-            f"expected {where}<setting>=<value> with setting one of {known}, got '{text}'"
+            f"expected {where}<setting>=<value> with setting one of {known}{others}, got '{text}'"
         )
     field, parse = _SETTINGS[section][key]
     try:

@@ -200,13 +200,34 @@ def _parse_levels(value: Any) -> list[str]:
     return _normalize_levels(values)
 
 
+#: most a trace rate or count can be (Triton keeps them as 32-bit integers)
+INT32_MAX = 2**31 - 1
+
+
+def strict_int(text: str | int) -> int:
+    """``text`` as an integer: ASCII digits with an optional sign only (no ``1_0``, no
+    other scripts' digits, no spaces, as Python's ``int`` would take), within 32 bits.
+
+    Raises:
+        ValueError: anything else.
+    """
+    if isinstance(text, str):
+        body = text[1:] if text[:1] in "+-" else text
+        if not body or not body.isascii() or not body.isdigit():
+            raise ValueError(f"not an integer: {text!r}")
+    number = int(text)
+    if abs(number) > INT32_MAX:
+        raise ValueError(f"out of range: {text!r}")
+    return number
+
+
 def _parse_int(key: str, value: Any, least: int) -> int:
     if isinstance(value, list) and len(value) == 1:
         value = value[0]  # gRPC sends every value as a list of strings
     if isinstance(value, bool):
         value = None
     try:
-        number = int(value) if isinstance(value, str | int) else None
+        number = strict_int(value) if isinstance(value, str | int) else None
     except ValueError:
         number = None
     if number is None or number < least:

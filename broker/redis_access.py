@@ -28,7 +28,13 @@ import redis.exceptions
 from sluice.broker.cluster import sync_client
 from sluice.broker.redis_server import redacted
 
-__all__ = ["RedisAccessRefused", "access_refusal", "check_redis_access", "exit_if_refused"]
+__all__ = [
+    "RedisAccessRefused",
+    "access_refusal",
+    "check_redis_access",
+    "exit_if_refused",
+    "unusable_redis",
+]
 
 #: error reply prefixes of a login or permission refusal (Redis ``AUTH`` / ACL).
 _REFUSAL_PREFIXES = ("NOAUTH", "WRONGPASS", "NOPERM", "invalid username-password")
@@ -66,6 +72,21 @@ def access_refusal(exc: BaseException) -> str | None:
     if isinstance(exc, redis.exceptions.ConnectionError) and "SSL" in text:
         return f"TLS with Redis failed: {text}"
     return None
+
+
+def unusable_redis(url: str, exc: BaseException) -> str:
+    """One log line saying why the Redis at ``url`` (password masked) cannot be used.
+
+    A plain ``redis://`` URL that names a node of a Redis Cluster gets a redirection
+    (``MOVED`` / ``ASK``) for the first key it touches: the line says to use a
+    ``redis+cluster://`` URL instead of showing the bare redirection.
+    """
+    if isinstance(exc, redis.exceptions.MovedError | redis.exceptions.AskError):
+        return (
+            f"the Redis at {redacted(url)} is a node of a Redis Cluster (it redirected a key "
+            f"to {exc.host}:{exc.port}): give a redis+cluster:// URL"
+        )
+    return f"cannot use Redis at {redacted(url)}: {exc}"
 
 
 def check_redis_access(url: str, timeout_s: float = 10.0) -> None:

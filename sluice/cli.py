@@ -144,7 +144,7 @@ def _resolve_redis(url: str | None) -> tuple[str, object | None]:
 def serve(args: argparse.Namespace) -> int:
     """``sluice serve``: run everything until Ctrl-C; returns the exit code."""
     from sluice.broker.logs import LogOptions, configure_logging
-    from sluice.broker.redis_server import redacted
+    from sluice.broker.redis_access import redacted, unusable_redis
     from sluice.supervisor.supervisor import ServeOptions, Supervisor
 
     log_options = LogOptions.from_env(
@@ -213,7 +213,7 @@ def serve(args: argparse.Namespace) -> int:
             f"{redacted(redis_url)}: stop it first, or give this deployment its own --key-prefix"
         )
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
-        problem = f"cannot use Redis at {redacted(redis_url)}: {exc}"
+        problem = unusable_redis(redis_url, exc)
     except ValueError as exc:  # a malformed redis+cluster:// URL
         problem = f"bad --redis-url: {exc}"
     except RepositoryError as exc:

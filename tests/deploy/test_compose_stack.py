@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import subprocess
 import sys
 import threading
@@ -138,6 +139,7 @@ def _environment(project: str, base: str, repo: Path, bridge: bool) -> dict[str,
         "COMPOSE_PROJECT_NAME": project,
         "BASE_IMAGE": base,
         "MODEL_REPOSITORY": str(repo),
+        "SLUICE_ADMIN_KEY": secrets.token_hex(16),  # the restricted APIs' secret
     }
     if not bridge:  # every service on 127.0.0.1, on free ports of its own
         redis_port = str(free_port())

@@ -4,9 +4,12 @@ into them by a real ``sluice serve``, and bad regions refused with Triton's text
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,7 +18,14 @@ import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
-from e2e_support import ROOT, Server, build_identity_types, start_server, stop_server
+from e2e_support import (
+    ROOT,
+    Server,
+    build_identity_types,
+    children_of,
+    start_server,
+    stop_server,
+)
 from tritonclient.utils import InferenceServerException
 
 from sluice.api.cuda_shared_memory import cuda_runtime
@@ -323,6 +333,81 @@ def test_bad_tensor_regions_refused(
         "shared memory size specified with the request for output 'OUTPUT1' (32 bytes) "
         "should be at least 64 bytes to hold the results",
     )
+
+
+def _gateways(server: Server) -> list[int]:
+    """The pids of the server's gateway processes."""
+    found = []
+    for pid in children_of(server.process.pid):
+        with contextlib.suppress(OSError):
+            if b"sluice.api.gateway" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                found.append(pid)
+    return found
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_truncated_object_refused_and_gateway_lives(
+    protocol: str, server: Server, http_client: Any, grpc_client: Any, regions: Regions
+) -> None:
+    """A client shrinks its object after register: the infer that uses the region is
+    refused naming it, and the gateway that served it keeps serving (no SIGBUS)."""
+    client = http_client if protocol == "http" else grpc_client
+    module = httpclient if protocol == "http" else grpcclient
+    codes = HTTP_STATUS if protocol == "http" else GRPC_STATUS
+    gateways = _gateways(server)
+    assert gateways, server.log()
+    tag = regions.tag
+    name = f"big_{tag}"
+    _, key = regions.create(name, 8192)
+    client.register_system_shared_memory(name, key, 8192)
+    _add_sub_regions(regions, client)
+    os.truncate(f"/dev/shm{key}", 0)
+
+    inputs, outputs = _shm_request(module, tag)
+    inputs[0].set_shared_memory(name, NBYTES, offset=4096)
+    err = _raises(client.infer, "add_sub", inputs, outputs=outputs)
+    assert (err.status(), err.message()) == (
+        codes["INVALID_ARG"],
+        f"shared memory region '{name}' is smaller than registered: its object '{key}' now "
+        "holds 0 bytes, the region needs 8192",
+    )
+    inputs, outputs = _shm_request(module, tag)
+    outputs[0].set_shared_memory(name, NBYTES, offset=4096)
+    err = _raises(client.infer, "add_sub", inputs, outputs=outputs)
+    assert (err.status(), err.message()) == (
+        codes["INVALID_ARG"],
+        f"shared memory region '{name}' is smaller than registered: its object '{key}' now "
+        "holds 0 bytes, the region needs 8192",
+    )
+    assert _gateways(server) == gateways, server.log()
+    inputs, outputs = _shm_request(module, tag)
+    client.infer("add_sub", inputs, outputs=outputs)  # the same gateway serves the next one
+    assert _gateways(server) == gateways
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_nul_key_and_zero_size_refused(
+    protocol: str, server: Server, http_client: Any, grpc_client: Any, regions: Regions
+) -> None:
+    client = http_client if protocol == "http" else grpc_client
+    codes = HTTP_STATUS if protocol == "http" else GRPC_STATUS
+    name = f"r_{regions.tag}"
+    _, key = regions.create(name, 256)
+    tracebacks = server.log().count("Traceback")
+    err = _raises(client.register_system_shared_memory, name, "/ev\x00x", 64)
+    assert (err.status(), err.message()) == (
+        codes["INTERNAL"],
+        "Unable to open shared memory region: '/ev\x00x'",
+    )
+    err = _raises(client.register_system_shared_memory, name, key, 0)
+    assert (err.status(), err.message()) == (
+        codes["INVALID_ARG"],
+        f"failed to register shared memory region '{name}': byte_size must be greater than 0 "
+        "(a zero-length region cannot be mapped)",
+    )
+    err = _raises(client.get_system_shared_memory_status, name)  # nothing registered
+    assert err.status() == codes["NOT_FOUND"]
+    assert server.log().count("Traceback") == tracebacks
 
 
 def test_output_in_shared_memory_cannot_be_classified(

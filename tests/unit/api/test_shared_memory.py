@@ -56,7 +56,7 @@ def test_register_status_unregister(key: str) -> None:
     ]
     assert registry.system_status("a") == [registry.system_status()[0]]
     # a tensor's offset counts from the region's start, not the object's
-    assert registry.slice("a", 3, 4).view.tobytes() == bytes([4, 5, 6, 7])
+    assert registry.slice("a", 3, 4).read() == bytes([4, 5, 6, 7])
     registry.unregister_system("a")
     registry.unregister_system("a")  # not registered: nothing to do
     assert [r["name"] for r in registry.system_status()] == ["b"]
@@ -82,6 +82,10 @@ def test_register_refusals(key: str) -> None:
          "cannot register shared memory region 'r' - invalid shm key '//'"),
         (("r", "/../etc/passwd", 0, 8), ErrorCode.INTERNAL, f"{opened}: '/../etc/passwd'"),
         (("r", "..", 0, 8), ErrorCode.INTERNAL, f"{opened}: '..'"),
+        (("r", "/ev\x00x", 0, 8), ErrorCode.INTERNAL, f"{opened}: '/ev\x00x'"),
+        (("r", key, 16, 0), ErrorCode.INVALID_ARG,
+         "failed to register shared memory region 'r': byte_size must be greater than 0 "
+         "(a zero-length region cannot be mapped)"),
         (
             ("r", "/triton_python_backend_shm_region_7", 0, 8),
             ErrorCode.INVALID_ARG,
@@ -117,8 +121,8 @@ def test_symlink_key_refused(key: str, tmp_path: Path) -> None:
 def test_slice_bounds(key: str) -> None:
     registry = SharedMemoryRegistry()
     registry.register_system("r", key, 100, 64)
-    assert len(registry.slice("r", 0, 64).view) == 64
-    assert len(registry.slice("r", 63, 1).view) == 1
+    assert len(registry.slice("r", 0, 64).read()) == 64
+    assert len(registry.slice("r", 63, 1).read()) == 1
     for offset, size, message in [
         (64, 0, "Invalid offset for shared memory region: 'r'"),
         (-1, 4, "Invalid offset for shared memory region: 'r'"),
@@ -149,6 +153,46 @@ def test_outputs_written_and_region_kept_while_in_flight(key: str) -> None:
         "shared memory size specified with the request for output 'Y' (8 bytes) should be at "
         "least 9 bytes to hold the results",
     )
+
+
+def test_shrunk_object_refused_not_read_past_its_end(key: str) -> None:
+    """An object truncated after register: reads and writes of the window fail with an
+    error naming the region (a mapping would raise SIGBUS in the gateway)."""
+    registry = SharedMemoryRegistry()
+    registry.register_system("in", key, 4096, 64)
+    registry.register_system("out", key, 8192, 64)
+    target = registry.slice("out", 0, 8)
+    os.truncate(SHM_ROOT / key[1:], 4096 + 10)
+    error = _error(registry.slice("in", 0, 64).read)
+    assert (error.code, error.message) == (
+        ErrorCode.INVALID_ARG,
+        f"shared memory region 'in' is smaller than registered: its object '{key}' now "
+        "holds 4106 bytes, the region needs 4160",
+    )
+    assert registry.slice("in", 2, 8).read() == bytes(range(2, 10))  # bytes still there
+    error = _error(target.write, b"ABCDEFGH")
+    assert (error.code, error.message) == (
+        ErrorCode.INVALID_ARG,
+        f"shared memory region 'out' is smaller than registered: its object '{key}' now "
+        "holds 4106 bytes, the region needs 8256",
+    )
+    assert (SHM_ROOT / key[1:]).stat().st_size == 4106  # nothing written, not extended
+    os.truncate(SHM_ROOT / key[1:], 0)
+    assert _error(registry.slice("in", 0, 1).read).code is ErrorCode.INVALID_ARG
+
+
+def test_region_keeps_object_open_until_dropped(key: str) -> None:
+    """An unlinked object stays readable through its region; the descriptor is closed
+    once no one holds the region."""
+    fds = Path("/proc/self/fd")
+    before = len(list(fds.iterdir()))
+    registry = SharedMemoryRegistry()
+    registry.register_system("r", key, 10, 4)
+    (SHM_ROOT / key[1:]).unlink()
+    assert registry.slice("r", 0, 4).read() == bytes([10, 11, 12, 13])
+    assert len(list(fds.iterdir())) == before + 1
+    registry.unregister_system("r")
+    assert len(list(fds.iterdir())) == before
 
 
 def _tensors(module: object) -> tuple[list[object], list[object]]:

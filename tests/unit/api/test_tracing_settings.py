@@ -74,6 +74,9 @@ def test_trace_config_forms_and_deprecated_flags_apply() -> None:
         (["--trace-config", "triton,url=x"], "setting one of file, log-frequency"),
         (["--trace-config", "opentelemetry,resource=novalue"], "expected <key>=<value>"),
         (["--trace-level", "ALL"], "expected one of OFF, TIMESTAMPS, TENSORS"),
+        (["--trace-config", "rate=1_0"], "not an integer"),
+        (["--trace-config", "count=99999999999999999999"], "out of range"),
+        (["--trace-config", "triton,file=/nonexistent/dir/t.json"], "does not exist"),
     ],
 )
 def test_bad_trace_flags_are_refused_by_name(argv: list[str], message: str) -> None:
@@ -120,6 +123,10 @@ def test_model_settings_follow_the_global_ones_where_not_set() -> None:
         ({"trace_level": 3}, ErrorCode.INVALID_ARG, "expect an array of strings"),
         ({"trace_rate": "1.5"}, ErrorCode.INVALID_ARG, "Unable to parse 'trace_rate'"),
         ({"trace_count": "-2"}, ErrorCode.INVALID_ARG, "Unable to parse 'trace_count'"),
+        ({"trace_count": "9" * 23}, ErrorCode.INVALID_ARG, "Unable to parse 'trace_count'"),
+        ({"trace_rate": " 7 "}, ErrorCode.INVALID_ARG, "Unable to parse 'trace_rate'"),
+        ({"trace_rate": "1_0"}, ErrorCode.INVALID_ARG, "Unable to parse 'trace_rate'"),
+        ({"trace_rate": "\u0661\u0662"}, ErrorCode.INVALID_ARG, "Unable to parse 'trace_rate'"),
         ({"verbosity": "1"}, ErrorCode.INVALID_ARG, "unknown trace setting 'verbosity'"),
     ],
 )

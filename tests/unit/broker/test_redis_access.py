@@ -11,7 +11,12 @@ import redis.exceptions
 from secure_redis import PASSWORD, secured_redis
 
 from sluice.broker.celery_app import celery_tls
-from sluice.broker.redis_access import RedisAccessRefused, access_refusal, check_redis_access
+from sluice.broker.redis_access import (
+    RedisAccessRefused,
+    access_refusal,
+    check_redis_access,
+    unusable_redis,
+)
 from sluice.broker.redis_server import free_port
 
 
@@ -93,3 +98,14 @@ def test_the_wrong_scheme_is_refused(tmp_path: Path) -> None:
         pytest.raises(RedisAccessRefused, match=wrong),
     ):
         check_redis_access(server.url.replace("redis://", "rediss://"), timeout_s=2.0)
+
+
+def test_a_cluster_node_behind_a_plain_url_is_named_as_such() -> None:
+    moved = redis.exceptions.MovedError("9817 127.0.0.1:18702")
+    line = unusable_redis("redis://:secret@127.0.0.1:18701/0", moved)
+    assert line == (
+        "the Redis at redis://:***@127.0.0.1:18701/0 is a node of a Redis Cluster (it "
+        "redirected a key to 127.0.0.1:18702): give a redis+cluster:// URL"
+    )
+    other = unusable_redis("redis://127.0.0.1:1/0", redis.exceptions.ResponseError("ERR x"))
+    assert other == "cannot use Redis at redis://127.0.0.1:1/0: ERR x"
