@@ -246,6 +246,7 @@ def forward_frontend_arguments(args: argparse.Namespace, restricted: bool = True
         argv += ["--metrics-config", f"{key}={_config_text(value)}"]
     for value in getattr(args, "cache_config", None) or ():
         argv += ["--cache-config", value]
+    argv += forward_trace_arguments(args)
     return argv + restricted_arguments(args) if restricted else argv
 
 
@@ -256,7 +257,7 @@ def restricted_arguments(args: argparse.Namespace) -> list[str]:
     for flag, _, _ in _RESTRICT_FLAGS:
         for value in getattr(args, _dest(flag), None) or ():
             argv += [flag, value]
-    return argv + forward_trace_arguments(args)
+    return argv
 
 
 #: environment variable of the gateway setting of each restricted-API flag (JSON list).
