@@ -104,6 +104,8 @@ def check_redis_access(url: str, timeout_s: float = 10.0) -> None:
         # a cluster client reads the slot map (logging in to a node) when it is made
         client = sync_client(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         client.ping()
+    except (ValueError, redis.exceptions.RedisClusterException):
+        return  # a malformed or unreachable cluster URL: the caller's first use says so
     except (redis.exceptions.RedisError, OSError) as exc:
         reason = access_refusal(exc)
         parts = urlsplit(url)
