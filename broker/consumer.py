@@ -22,13 +22,17 @@ from sluice.broker.cluster_direct import ClusterDirectConnection
 from sluice.broker.codec import CodecError, decode_request, encode_response
 from sluice.broker.direct import DirectConnection
 from sluice.broker.errors import BROKER_OUTAGE
-from sluice.broker.keys import WORKER_GROUP
+from sluice.broker.keys import WORKER_GROUP, hash_tag
 from sluice.broker.messages import InferRequestMessage, InferResponseMessage
 from sluice.broker.producer import PAYLOAD_FIELD
 from sluice.broker.sequences import DONE_FIELD, STEP_FIELD
 from sluice.broker.stats_store import StatsDelta, StatsShard
 
 logger = logging.getLogger(__name__)
+
+#: longest wait of a read on the home slot of a queue split over several slots of a Redis
+#: Cluster before the other slots are read again, in ms (``StreamConsumer.read``).
+SHARD_POLL_MS = 10
 
 #: reply lists expire this long after their last push, in seconds, so the
 #: list of a gateway that died does not stay in Redis.
@@ -62,19 +66,34 @@ class StreamConsumer:
         client: a synchronous Redis client (RESP2 replies, bytes).
         streams: the version's stream keys, highest priority first.
         consumer: this instance's name within the group.
+        home: a stream of the hash slot whose streams a read waits on when the streams
+            span several slots of a Redis Cluster (default: the first stream's).
+        by_arrival: hand each read's entries over in the order the gateways queued them
+            (their ``enqueued_ns``), not stream by stream: a level's requests spread over
+            several queue shards then reach the batcher in arrival order.
     """
 
-    def __init__(self, client: redis.Redis, streams: Sequence[str], consumer: str) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        streams: Sequence[str],
+        consumer: str,
+        home: str | None = None,
+        by_arrival: bool = False,
+    ) -> None:
         self._redis = client
         self._direct: DirectConnection | ClusterDirectConnection
-        if is_cluster_client(client):
+        self._cluster = is_cluster_client(client)
+        if self._cluster:
             self._direct = ClusterDirectConnection(client)
         else:
             self._direct = DirectConnection(client)
-        self.streams = list(streams)
         self.consumer = consumer
-        self._stream_args = [*self.streams, *(">" for _ in self.streams)]
-        self._pending_args = [*self.streams, *("0" for _ in self.streams)]
+        self._home = hash_tag(home or streams[0])
+        self._by_arrival = by_arrival
+        self.streams: list[str] = []
+        self._groups: list[list[str]] = []
+        self._set_streams(streams)
         #: finish commands held back to travel with the next read (see ``finish(defer=True)``)
         self._deferred: list[tuple[object, ...]] = []
         #: commands sent ahead (:meth:`send_ahead`) whose replies were not read yet
@@ -91,22 +110,36 @@ class StreamConsumer:
         if stream in self.streams:
             return False
         ensure_group(self._redis, stream)
-        self.streams.append(stream)
-        self._stream_args = [*self.streams, *(">" for _ in self.streams)]
-        self._pending_args = [*self.streams, *("0" for _ in self.streams)]
+        self._set_streams([*self.streams, stream])
         return True
 
     def abandon(self, stream: str) -> None:
         """Stop reading an adopted ``stream`` (:meth:`adopt`)."""
         if stream in self.streams:
-            self.streams.remove(stream)
-            self._stream_args = [*self.streams, *(">" for _ in self.streams)]
-            self._pending_args = [*self.streams, *("0" for _ in self.streams)]
+            self._set_streams([s for s in self.streams if s != stream])
+
+    def _set_streams(self, streams: Sequence[str]) -> None:
+        """Read ``streams`` from now on: in one ``XREADGROUP``, or on a Redis Cluster one
+        per hash slot (a command's keys must share a slot there), the home slot's first."""
+        self.streams = list(streams)
+        if not self._cluster:
+            self._groups = [self.streams] if self.streams else []
+            return
+        groups: dict[str, list[str]] = {}
+        for stream in self.streams:
+            groups.setdefault(hash_tag(stream), []).append(stream)
+        home = groups.pop(self._home, None)
+        self._groups = [home, *groups.values()] if home else list(groups.values())
 
     def read(self, count: int, block_ms: int | None, own_pending: bool = False) -> list[Delivery]:
         """Take up to ``count`` new entries per stream.
 
-        Deferred finish commands go first, in the same write.
+        Deferred finish commands go first, in the same write. Streams in several hash
+        slots of a Redis Cluster (a sharded queue, ``StreamLayout``) are read with one
+        ``XREADGROUP`` per slot in the same round trip, without waiting; when none has an
+        entry, a second read waits on the home slot's streams (the shard this instance
+        waits on: other instances wait on the others) for at most :data:`SHARD_POLL_MS`,
+        so an entry of a shard no instance waits on is taken within that time.
 
         Args:
             count: most entries per stream.
@@ -120,13 +153,32 @@ class StreamConsumer:
                 When Redis is unreachable the deferred commands are kept for the next
                 read or :meth:`flush`.
         """
+        if len(self._groups) == 1:
+            read = self._read_command(self._groups[0], count, block_ms, own_pending)
+            deliveries = self._decode(
+                self._run_deferred(read, last_blocks=block_ms is not None)[-1]
+            )
+        else:
+            reads = [self._read_command(g, count, None, own_pending) for g in self._groups]
+            replies = self._run_deferred(*reads)[-len(reads) :] if reads else []
+            deliveries = [d for reply in replies for d in self._decode(reply)]
+            if not deliveries and block_ms is not None and not own_pending and reads:
+                wait_ms = min(block_ms, SHARD_POLL_MS)
+                wait = self._read_command(self._groups[0], count, wait_ms, False)
+                deliveries = self._decode(self._run_deferred(wait, last_blocks=True)[-1])
+        if self._by_arrival and len(deliveries) > 1:
+            deliveries.sort(key=_arrival)
+        return deliveries
+
+    def _read_command(
+        self, streams: Sequence[str], count: int, block_ms: int | None, own_pending: bool
+    ) -> tuple[object, ...]:
         block = () if block_ms is None else ("BLOCK", max(1, block_ms))
-        ids = self._pending_args if own_pending else self._stream_args
-        read = (
+        start = "0" if own_pending else ">"
+        return (
             "XREADGROUP", "GROUP", WORKER_GROUP, self.consumer, "COUNT", count, *block,
-            "STREAMS", *ids,
+            "STREAMS", *streams, *(start for _ in streams),
         )  # fmt: skip
-        return self._decode(self._run_deferred(read, last_blocks=bool(block))[-1])
 
     def flush(self) -> None:
         """Send the deferred finish commands now (before a new execution, before stopping).
@@ -307,6 +359,10 @@ class StreamConsumer:
         if bad:
             self.finish([], bad)
         return deliveries
+
+
+def _arrival(delivery: Delivery) -> int:
+    return delivery.message.enqueued_ns
 
 
 def _pushes(responses: Sequence[tuple[str, InferResponseMessage]]) -> list[tuple[object, ...]]:

@@ -8,9 +8,18 @@ slot (docs/architecture.md, the Redis key schema).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+
+from redis.crc import key_slot
 
 #: consumer group every instance of a model joins on the model's stream.
 WORKER_GROUP = "instances"
+
+#: hash slots of a Redis Cluster (its specification: CRC16 of the key's ``{tag}`` mod 16384).
+SLOTS = 16384
+#: hash tags tried per shard when placing it (:func:`shard_tag`): the closest slot found is
+#: within a few slots of the one aimed at.
+_SHARD_CANDIDATES = 4096
 
 #: what the keys of async jobs start with after the prefix (``job:``, ``jobs:``): kept
 #: when ``sluice serve`` starts again, so accepted jobs outlive a restart.
@@ -27,10 +36,14 @@ class KeySchema:
 
     prefix: str = "sluice:"
 
-    def queue(self, model: str, version: int, level: int = 0) -> str:
-        """Stream of queued requests of one model version (one per priority level > 0)."""
+    def queue(
+        self, model: str, version: int, level: int = 0, shard: int = 0, shards: int = 1
+    ) -> str:
+        """Stream of queued requests of one model version (one per priority level > 0, and
+        per queue shard when the queue is split over ``shards`` streams: shard 0 keeps the
+        model's own hash tag, shard k > 0 the tag :func:`shard_tag` places)."""
         suffix = f":p{level}" if level > 0 else ""
-        return f"{self.prefix}{{{model}}}:q:{version}{suffix}"
+        return f"{self.prefix}{{{shard_tag(model, shard, shards)}}}:q:{version}{suffix}"
 
     def sequence_queue(self, model: str, version: int, instance: str) -> str:
         """Stream of the steps of the sequences bound to one model instance (sequence
@@ -180,3 +193,42 @@ class KeySchema:
     def celery_prefix(self) -> str:
         """What every key of the jobs' Celery broker and result backend starts with."""
         return f"{self.prefix}jobs:celery:"
+
+
+@lru_cache(maxsize=4096)
+def shard_tag(model: str, shard: int, shards: int) -> str:
+    """The hash tag of queue shard ``shard`` of ``shards`` of ``model``.
+
+    Shard 0 is the model's own tag (a model with one shard keeps its keys in one slot).
+    Shard k's tag is ``<model>#<k>.<j>``, the ``j`` chosen (the first of the closest)
+    so that its slot lies k/``shards`` of the way round the slot ring from the model's
+    own: on a cluster whose primaries hold equal slot ranges (what ``redis-cli --cluster
+    create`` makes), ``shards`` equal to the number of primaries puts one shard on each
+    primary, and a multiple of it the same number on each. Every process computes the
+    same tags from the name alone.
+    """
+    if shard == 0:
+        return model
+    home = key_slot(model.encode())
+    aim = (home + shard * SLOTS // shards) % SLOTS
+    best, best_gap = "", SLOTS
+    for j in range(_SHARD_CANDIDATES):
+        tag = f"{model}#{shard}.{j}"
+        gap = abs(key_slot(tag.encode()) - aim)
+        gap = min(gap, SLOTS - gap)
+        if gap < best_gap:
+            best, best_gap = tag, gap
+            if gap == 0:
+                break
+    return best
+
+
+def hash_tag(key: str) -> str:
+    """What a Redis Cluster hashes of ``key``: the text of its first non-empty ``{...}``,
+    else the whole key (keys with equal tags share a slot)."""
+    start = key.find("{")
+    if start >= 0:
+        end = key.find("}", start + 1)
+        if end > start + 1:
+            return key[start + 1 : end]
+    return key

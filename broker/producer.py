@@ -16,7 +16,7 @@ from typing import Any
 
 from sluice.broker.codec import encode_request
 from sluice.broker.errors import BROKER_OUTAGE, ErrorCode, FailureReason, SluiceError
-from sluice.broker.keys import WORKER_GROUP
+from sluice.broker.keys import WORKER_GROUP, hash_tag
 from sluice.broker.messages import InferRequestMessage
 from sluice.broker.multiplex import MultiplexedConnection
 from sluice.broker.scripts import BOUNDED_XADD, CANCEL_QUEUED
@@ -108,9 +108,18 @@ class Producer:
         """
         delta = StatsDelta()
         delta.failure(request_ns=request_ns, reason=reason)
-        done = await self._connection.script(
-            CANCEL_QUEUED, [stream, stats_key], [WORKER_GROUP, entry_id, delta.counter_text()]
-        )
+        if hash_tag(stream) == hash_tag(stats_key):
+            done = await self._connection.script(
+                CANCEL_QUEUED, [stream, stats_key], [WORKER_GROUP, entry_id, delta.counter_text()]
+            )
+            return bool(done)
+        # a queue shard of its own slot (``StreamLayout``): a Redis Cluster runs a script
+        # on one slot only, so the counts follow once the entry is off its stream
+        done = await self._connection.script(CANCEL_QUEUED, [stream], [WORKER_GROUP, entry_id, ""])
+        if done:
+            await self._connection.run_all(
+                [("HINCRBY", stats_key, name, n) for name, n in delta.counts.items()]
+            )
         return bool(done)
 
 

@@ -15,6 +15,7 @@ from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelQueuePolicy
 from sluice.batching import DynamicBatchingPolicy, QueuePolicy
 from sluice.broker.keys import KeySchema
 from sluice.broker.messages import WireTensor
+from sluice.repository.validate import queue_shards
 
 
 def _queue_policy(raw: ModelQueuePolicy) -> QueuePolicy:
@@ -52,14 +53,33 @@ def scheduling_policy(config: ModelConfig) -> DynamicBatchingPolicy:
     )
 
 
+def stream_layout(keys: KeySchema, model: str, version: int, config: ModelConfig) -> StreamLayout:
+    """The :class:`StreamLayout` of a version of ``config``'s model (its scheduling policy
+    and ``queue_shards``).
+
+    Raises:
+        batching.BatchingPolicyError: the config's batching fields contradict each other.
+        repository.ConfigError: a malformed ``queue_shards`` parameter.
+    """
+    return StreamLayout(keys, model, version, scheduling_policy(config), queue_shards(config))
+
+
 @dataclass(frozen=True, slots=True)
 class StreamLayout:
-    """The streams of one model version: one per priority level (level 0 = no levels)."""
+    """The streams of one model version: one per priority level (level 0 = no levels) and
+    queue shard.
+
+    A model whose queue is split (``queue_shards`` > 1) has one stream per level and
+    shard, each shard's streams under a hash tag of its own (``broker.keys.shard_tag``),
+    so that a Redis Cluster spreads them over its primaries; gateways spread requests over
+    the shards, and every instance reads all of them.
+    """
 
     keys: KeySchema
     model: str
     version: int
     policy: DynamicBatchingPolicy
+    shards: int = 1
 
     def levels(self) -> tuple[int, ...]:
         """Priority levels that have a stream, highest priority (1) first; ``(0,)`` if none."""
@@ -67,13 +87,20 @@ class StreamLayout:
             return (0,)
         return tuple(range(1, self.policy.priority_levels + 1))
 
-    def stream(self, level: int) -> str:
-        """Stream key of ``level``."""
-        return self.keys.queue(self.model, self.version, level)
+    def stream(self, level: int, shard: int = 0) -> str:
+        """Stream key of ``level`` in queue shard ``shard``."""
+        return self.keys.queue(self.model, self.version, level, shard, self.shards)
 
     def streams(self) -> list[str]:
-        """Every stream key, highest priority first."""
-        return [self.stream(level) for level in self.levels()]
+        """Every stream key, highest priority first (each level's shards in order)."""
+        return [
+            self.stream(level, shard) for level in self.levels() for shard in range(self.shards)
+        ]
+
+    def shard_limit(self, max_queue_size: int) -> int:
+        """The ``max_queue_size`` of one shard's stream: the level's limit split evenly,
+        rounded up (0 stays unbounded)."""
+        return -(-max_queue_size // self.shards)
 
     def level_of(self, priority: int) -> int:
         """Triton: priority 0 or above ``priority_levels`` → ``default_priority_level``."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import random
 import time
 import uuid
 from collections.abc import Iterator
@@ -41,7 +42,7 @@ from sluice.broker.model_store import ModelStore
 from sluice.broker.producer import PAYLOAD_FIELD, QUEUE_FULL
 from sluice.broker.request_checks import RequestRules, validate_request
 from sluice.broker.response_stream import CANCELLED_CREDIT, CREDIT_EVERY
-from sluice.broker.scheduling import StreamLayout, scheduling_policy
+from sluice.broker.scheduling import stream_layout
 from sluice.broker.scripts import BOUNDED_XADD
 from sluice.broker.states import ModelState
 from sluice.gpu_workers.backends.python import pb_utils
@@ -277,16 +278,16 @@ class BlsExecutor:
         Raises:
             SluiceError: UNAVAILABLE "Exceeds maximum queue size".
         """
-        policy = scheduling_policy(callee.config)
-        layout = StreamLayout(self._keys, message.model, message.version, policy)
+        layout = stream_layout(self._keys, message.model, message.version, callee.config)
         level = layout.level_of(int(message.parameters.get("priority", 0) or 0))
-        max_queue_size = policy.queue_policy(level).max_queue_size
+        max_queue_size = layout.shard_limit(layout.policy.queue_policy(level).max_queue_size)
+        stream = layout.stream(level, random.randrange(layout.shards))
         payload = encode_request(message)
         if max_queue_size <= 0:
-            self._redis.xadd(layout.stream(level), {PAYLOAD_FIELD: payload})
+            self._redis.xadd(stream, {PAYLOAD_FIELD: payload})
             return
         entry = self._redis.eval(
-            BOUNDED_XADD.body, 1, layout.stream(level), max_queue_size, WORKER_GROUP, payload
+            BOUNDED_XADD.body, 1, stream, max_queue_size, WORKER_GROUP, payload
         )
         if not entry:
             raise SluiceError(ErrorCode.UNAVAILABLE, QUEUE_FULL, model=message.model)

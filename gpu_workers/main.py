@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 import time
+import zlib
 from pathlib import Path
 from threading import Event
 from types import FrameType
@@ -34,7 +35,7 @@ from sluice.broker.logs import LogOptions, configure_logging
 from sluice.broker.model_store import ModelStore
 from sluice.broker.redis_access import exit_if_refused
 from sluice.broker.request_checks import RequestRules
-from sluice.broker.scheduling import ShapeKeys, StreamLayout, scheduling_policy
+from sluice.broker.scheduling import ShapeKeys, stream_layout
 from sluice.broker.settings import RedisSettings
 from sluice.broker.states import InstanceState, ModelState
 from sluice.broker.stats_store import fold_stats_shards, open_stats_shard
@@ -99,6 +100,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=5.0,
         help="an instance whose heartbeat is older is taken for dead and its "
         "pending requests are claimed by a live one",
+    )
+    parser.add_argument(
+        "--queue-shard",
+        type=int,
+        default=-1,
+        help="of a model whose queue is split over several Redis Cluster slots "
+        "(queue_shards), the shard this instance waits on when idle, modulo their number "
+        "(default: from the hash of the instance name); give the instances of a version "
+        "0, 1, 2, ... so that every shard has one waiting",
     )
     parser.add_argument(
         "--config-wait-secs",
@@ -174,12 +184,19 @@ def main(argv: list[str] | None = None) -> int:
         report(InstanceState.UNAVAILABLE, str(exc) or type(exc).__name__)
         return 1
 
-    keys_layout = StreamLayout(keys, args.model, args.version, scheduling_policy(config))
+    keys_layout = stream_layout(keys, args.model, args.version, config)
     streams = keys_layout.streams()
     if sequences is not None:
         # a sequence's steps come on the stream of the instance it is bound to
         streams.append(keys.sequence_queue(args.model, args.version, args.instance))
-    consumer = StreamConsumer(client, streams, args.instance)
+    home = args.queue_shard if args.queue_shard >= 0 else zlib.crc32(args.instance.encode())
+    consumer = StreamConsumer(
+        client,
+        streams,
+        args.instance,
+        home=keys_layout.stream(keys_layout.levels()[0], home % keys_layout.shards),
+        by_arrival=keys_layout.shards > 1,
+    )
     consumer.ensure_groups()
     loop = InstanceLoop(
         consumer,

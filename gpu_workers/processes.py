@@ -68,6 +68,8 @@ class Instance:
         config_key: Redis key of the config this instance starts with.
         generation: load generation of the model that started it.
         load_id: the id of that load (``VersionState.load_id``), stamped on its answers.
+        ordinal: its place among the version's instances (0, 1, ...): the queue shard it
+            waits on when idle (``--queue-shard``).
     """
 
     model: str
@@ -79,6 +81,7 @@ class Instance:
     config_key: str
     generation: int = 1
     load_id: str = ""
+    ordinal: int = 0
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     started_at: float = 0.0
@@ -136,6 +139,8 @@ class Spawner:
                 str(instance.model_dir),
                 "--config-key",
                 instance.config_key,
+                "--queue-shard",
+                str(instance.ordinal),
                 "--log-verbose",
                 str(self.log_verbose),
                 "--drain-timeout-secs",

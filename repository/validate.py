@@ -23,9 +23,15 @@ from sluice.repository.errors import ConfigError
 from sluice.repository.normalize import is_ensemble
 from sluice.repository.sequence_config import check_sequence_batching
 
-__all__ = ["validate"]
+__all__ = ["QUEUE_SHARDS_PARAMETER", "queue_shards", "validate"]
 
 _WILDCARD = -1
+
+#: the config parameter splitting a model's queue over several Redis streams (Sluice's
+#: own; Triton has no such setting and ignores the parameter).
+QUEUE_SHARDS_PARAMETER = "queue_shards"
+#: most queue shards one model may have.
+MAX_QUEUE_SHARDS = 64
 
 
 class _Checker:
@@ -223,6 +229,34 @@ def _check_ensemble(check: _Checker, config: ModelConfig) -> None:
         raise check.fail("instance_group", "an ensemble model must not have instance_group")
 
 
+def queue_shards(config: ModelConfig, path: Path | None = None) -> int:
+    """How many streams the model's queue is split over: the ``queue_shards`` parameter
+    (``parameters { key: "queue_shards" value: { string_value: "3" } }``), 1 without it.
+
+    Raises:
+        ConfigError: not a whole number from 1 to :data:`MAX_QUEUE_SHARDS`, or set on an
+            ensemble (which has no queue of its own).
+    """
+    if QUEUE_SHARDS_PARAMETER not in config.parameters:
+        return 1
+    text = config.parameters[QUEUE_SHARDS_PARAMETER].string_value.strip()
+    field = f"parameters.{QUEUE_SHARDS_PARAMETER}"
+    check = _Checker(config.name, path or Path(config.name))
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_QUEUE_SHARDS:
+        raise check.fail(
+            field,
+            f"parameter '{QUEUE_SHARDS_PARAMETER}' of model '{config.name}' must be a whole "
+            f"number from 1 to {MAX_QUEUE_SHARDS}, got '{text}'",
+        )
+    if config.platform == ENSEMBLE_PLATFORM and int(text) > 1:
+        raise check.fail(
+            field,
+            f"parameter '{QUEUE_SHARDS_PARAMETER}' of ensemble '{config.name}': an ensemble "
+            "has no queue of its own; shard the queues of its steps' models instead",
+        )
+    return int(text)
+
+
 def validate(
     config: ModelConfig,
     *,
@@ -255,6 +289,7 @@ def validate(
     _check_dynamic_batching(check, config)
     _check_sequence_batching(check, config)
     check_sequence_batching(config, model_dir, check.path)
+    queue_shards(config, check.path)
     if is_ensemble(config):
         _check_ensemble(check, config)
     else:

@@ -11,8 +11,10 @@ docs/reference/model-configuration.md, Cancellation).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
+import random
 import time
 from typing import Any
 
@@ -36,7 +38,7 @@ from sluice.broker.producer import (
 )
 from sluice.broker.replies import ReplyRouter
 from sluice.broker.response_stream import ResponseStream
-from sluice.broker.scheduling import StreamLayout
+from sluice.broker.scheduling import StreamLayout, stream_layout
 from sluice.broker.sequences import SequenceStepInfo
 from sluice.broker.stats_store import StatsDelta
 
@@ -75,6 +77,9 @@ class RequestQueue:
         self._socket_timeout_s = socket_timeout_s
         #: (model, version) -> its stream layout, rebuilt when the view's policy changes
         self._layouts: dict[tuple[str, int], StreamLayout] = {}
+        #: (model, version) of a sharded queue -> requests queued on it so far: the next
+        #: goes to the next shard (begun at random, so that gateways do not move in step)
+        self._turns: dict[tuple[str, int], int] = {}
         #: rejection counts and cancellations being written (kept referenced until done)
         self._background: set[asyncio.Future[None]] = set()
         #: fails a decoupled request's responses when the instance sending them dies
@@ -121,14 +126,23 @@ class RequestQueue:
         return future
 
     def _route(self, message: InferRequestMessage, view: ModelView) -> tuple[str, int, int]:
-        """The stream of ``message``'s priority level, the level and its max_queue_size."""
+        """The stream of ``message``'s priority level (in the next queue shard, turn by
+        turn, when the model's queue is split), the level and the stream's
+        ``max_queue_size`` (the level's, split over the shards)."""
         model, resolved = message.model, message.version
         layout = self._layouts.get((model, resolved))
         if layout is None or layout.policy is not view.policy:
-            layout = StreamLayout(self._keys, model, resolved, view.policy)
+            layout = stream_layout(self._keys, model, resolved, view.config)
+            layout = dataclasses.replace(layout, policy=view.policy)
             self._layouts[(model, resolved)] = layout
         level = layout.level_of(int(message.parameters.get("priority", 0) or 0))
-        return layout.stream(level), level, view.policy.queue_policy(level).max_queue_size
+        shard = 0
+        if layout.shards > 1:
+            turn = self._turns.get((model, resolved), random.randrange(layout.shards)) + 1
+            self._turns[(model, resolved)] = turn
+            shard = turn % layout.shards
+        limit = layout.shard_limit(view.policy.queue_policy(level).max_queue_size)
+        return layout.stream(level, shard), level, limit
 
     def enqueue_stream(self, message: InferRequestMessage, view: ModelView) -> ResponseStream:
         """Queue a request to a decoupled model; its responses arrive on the stream

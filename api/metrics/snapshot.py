@@ -20,7 +20,7 @@ from tritonclient.grpc.model_config_pb2 import ModelConfig
 from sluice.broker.keys import WORKER_GROUP, KeySchema
 from sluice.broker.latency_window import AGE_BUCKETS, merge_windows, window_keys
 from sluice.broker.model_store import AsyncModelStore, VersionState, count_live
-from sluice.broker.scheduling import StreamLayout, scheduling_policy
+from sluice.broker.scheduling import stream_layout
 from sluice.broker.states import ModelState
 from sluice.broker.stats_store import VersionStats, read_stats
 
@@ -93,12 +93,12 @@ def _parse_config(config_raw: bytes | None) -> ModelConfig | None:
 
 def _streams(keys: KeySchema, model: str, version: int, config: ModelConfig | None) -> list[str]:
     try:
-        policy = scheduling_policy(config) if config is not None else None
+        layout = stream_layout(keys, model, version, config) if config is not None else None
     except Exception:
-        policy = None
-    if policy is None:
+        layout = None
+    if layout is None:
         return [keys.queue(model, version)]
-    return StreamLayout(keys, model, version, policy).streams()
+    return layout.streams()
 
 
 def _field(entry: dict[Any, Any], name: str) -> Any:

@@ -26,7 +26,7 @@ from sluice.broker.keys import WORKER_GROUP, KeySchema
 from sluice.broker.messages import ErrorInfo, InferResponseMessage
 from sluice.broker.model_store import ModelStore, VersionState
 from sluice.broker.producer import PAYLOAD_FIELD
-from sluice.broker.scheduling import StreamLayout, scheduling_policy
+from sluice.broker.scheduling import stream_layout
 from sluice.broker.states import RETIRED_HOLDING, InstanceState, ModelState
 from sluice.broker.stats_store import fold_stats_shards
 from sluice.gpu_workers.processes import Instance, Spawner, generation_suffix, terminate
@@ -110,7 +110,7 @@ class Generations:
 
     def ensure_groups(self, name: str, version: int, config: ModelConfig) -> None:
         """Create the consumer group (and stream) of every priority level of a version."""
-        layout = StreamLayout(self._keys, name, version, scheduling_policy(config))
+        layout = stream_layout(self._keys, name, version, config)
         for stream in layout.streams():
             ensure_group(self._redis, stream)
 
@@ -137,6 +137,7 @@ class Generations:
                         config_key,
                         model.generation,
                         model.load_id,
+                        ordinal=len(instances),
                     )
                     self._spawner.start_instance(instance)
                     instances.append(instance)
@@ -194,9 +195,7 @@ class Generations:
             names = [i.name for i in instances]
             if not names:
                 continue
-            layout = StreamLayout(
-                self._keys, previous.name, version, scheduling_policy(previous.config)
-            )
+            layout = stream_layout(self._keys, previous.name, version, previous.config)
             holding = self.pending_owners(layout.streams()) & set(names)
             for name in holding:
                 logger.warning(
@@ -241,10 +240,7 @@ class Generations:
                 version,
                 VersionState(ModelState.UNLOADING, "unloading", load_id=model.load_id),
             )
-        layouts = [
-            StreamLayout(self._keys, model.name, v, scheduling_policy(model.config))
-            for v in versions
-        ]
+        layouts = [stream_layout(self._keys, model.name, v, model.config) for v in versions]
         if drain:
             time.sleep(ADMISSION_SETTLE_S)
             deadline = time.monotonic() + self._drain_timeout_s

@@ -36,7 +36,7 @@ from google.protobuf import json_format
 from sluice.broker.errors import ErrorCode, SluiceError
 from sluice.broker.keys import KeySchema
 from sluice.broker.model_store import ModelStore, VersionState
-from sluice.broker.scheduling import StreamLayout, scheduling_policy
+from sluice.broker.scheduling import stream_layout
 from sluice.broker.states import InstanceState, ModelState
 from sluice.broker.stats_store import reset_version_stats
 from sluice.gpu_workers.backends.registry import auto_complete, gpu_available
@@ -366,9 +366,7 @@ class ModelManager:
                 != InstanceState.READY
             ):
                 return False
-            layout = StreamLayout(
-                self._keys, instance.model, instance.version, scheduling_policy(loaded.config)
-            )
+            layout = stream_layout(self._keys, instance.model, instance.version, loaded.config)
             return instance.name in self._generations.pending_owners(layout.streams())
         except redis.exceptions.RedisError:
             return False

@@ -486,8 +486,9 @@ def build_batch_scale(repo: Path) -> None:
 
 
 SLOW_VARIANTS = {
-    # name: (dynamic_batching body, instance count)
+    # name: (dynamic_batching body, instance count[, queue shards])
     "slow_queue": ("default_queue_policy { max_queue_size: 1 }", 1),
+    "slow_queue_sharded": ("default_queue_policy { max_queue_size: 2 }", 1, 2),
     "slow_timeout": (
         "default_queue_policy { timeout_action: REJECT "
         "default_timeout_microseconds: 300000 allow_timeout_override: true }",
@@ -499,21 +500,27 @@ SLOW_VARIANTS = {
     ),
     "slow_pair": ("", 2),
     "slow_priority": ("priority_levels: 2 default_priority_level: 2", 1),  # max_batch_size 1
+    "slow_priority_sharded": ("priority_levels: 2 default_priority_level: 2", 1, 3),
+    "slow_pair_sharded": ("", 2, 3),
 }
 
 
 def build_slow_variants(repo: Path) -> None:
     """Copies of the ``slow`` Python model with queue policies for the batching tests."""
     source = ROOT / "tests/assets/python_models/slow"
-    for name, (batching, count) in SLOW_VARIANTS.items():
+    for name, (batching, count, *shards) in SLOW_VARIANTS.items():
         (repo / name / "1").mkdir(parents=True)
         shutil.copy(source / "1/model.py", repo / name / "1/model.py")
         config = (source / "config.pbtxt").read_text()
         config = config.replace('name: "slow"', f'name: "{name}"')
         config = config.replace("count: 1", f"count: {count}")
-        if name == "slow_priority":
+        if name.startswith("slow_priority"):
             config = config.replace("max_batch_size: 8", "max_batch_size: 1")
         config += f"dynamic_batching {{ {batching} }}\n"
+        if shards:
+            shard_count = f'{{ string_value: "{shards[0]}" }}'
+            config += f'parameters {{ key: "queue_shards" value: {shard_count} }}\n'
+
         (repo / name / "config.pbtxt").write_text(config)
 
 

@@ -108,20 +108,29 @@ def test_statistics_shape(http_client) -> None:
     assert "requested model 'nope' is not available" in info.value.message()
 
 
-def test_queue_full_rejects_at_once(server) -> None:
+@pytest.mark.parametrize("model", ["slow_queue", "slow_queue_sharded"])
+def test_queue_full_rejects_at_once(server, model: str) -> None:
+    """max_queue_size 1 (slow_queue); 2 split over 2 queue shards, one each
+    (slow_queue_sharded): with the only instance busy, one request per shard waits and the
+    next is refused at once."""
+    shards = 2 if model.endswith("sharded") else 1
     client = httpclient.InferenceServerClient(server.http_url, concurrency=4)
-    first = client.async_infer("slow_queue", _slow_input(1.0), parameters={"sleep_ms": 1500})
+    first = client.async_infer(model, _slow_input(1.0), parameters={"sleep_ms": 1500})
     time.sleep(0.5)  # the instance has taken the first request
-    second = client.async_infer("slow_queue", _slow_input(2.0), parameters={"sleep_ms": 1})
+    queued = [
+        client.async_infer(model, _slow_input(2.0 + i), parameters={"sleep_ms": 1})
+        for i in range(shards)
+    ]
     time.sleep(0.2)
     started = time.monotonic()
     with pytest.raises(InferenceServerException) as info:
-        client.infer("slow_queue", _slow_input(3.0))
+        client.infer(model, _slow_input(9.0))
     assert time.monotonic() - started < 1.0  # refused without waiting
     assert info.value.status() == "503"
     assert "Exceeds maximum queue size" in info.value.message()
     assert first.get_result(timeout=30).as_numpy("OUT").tolist() == [[1.0]]
-    assert second.get_result(timeout=30).as_numpy("OUT").tolist() == [[2.0]]
+    for i, waiting in enumerate(queued):
+        assert waiting.get_result(timeout=30).as_numpy("OUT").tolist() == [[2.0 + i]]
     client.close()
 
 
@@ -212,9 +221,13 @@ def test_delay_action_still_serves(server) -> None:
         ([(1.0, 1), (2.0, 1), (3.0, 1), (9.0, 2)], [0.0, 1.0, 2.0, 3.0, 9.0]),
     ],
 )
-def test_priority_order(server, queued: list[tuple[float, int]], expected: list[float]) -> None:
+@pytest.mark.parametrize("model", ["slow_priority", "slow_priority_sharded"])
+def test_priority_order(
+    server, queued: list[tuple[float, int]], expected: list[float], model: str
+) -> None:
     """With the instance busy (max_batch_size 1), queued requests run by priority level,
-    in arrival order within a level (Triton: one priority queue per model)."""
+    in arrival order within a level (Triton: one priority queue per model), also when
+    the queue is split over three shards (slow_priority_sharded)."""
     finished: list[float] = []
     lock = threading.Lock()
 
@@ -222,7 +235,7 @@ def test_priority_order(server, queued: list[tuple[float, int]], expected: list[
         client = httpclient.InferenceServerClient(server.http_url)
         try:
             out = client.infer(
-                "slow_priority",
+                model,
                 _slow_input(value),
                 priority=priority,
                 parameters={"sleep_ms": sleep_ms},
@@ -245,16 +258,19 @@ def test_priority_order(server, queued: list[tuple[float, int]], expected: list[
     assert finished == expected
 
 
-def test_killed_instance_loses_no_request(server) -> None:
-    """Two instances under steady load; one is SIGKILLed mid-run; every request is answered."""
-    instances = instance_records(server, "slow_pair")
+@pytest.mark.parametrize("model", ["slow_pair", "slow_pair_sharded"])
+def test_killed_instance_loses_no_request(server, model: str) -> None:
+    """Two instances under steady load; one is SIGKILLed mid-run; every request is
+    answered (slow_pair_sharded: the queue split over three shards, whose entries the
+    killed instance held are claimed from each)."""
+    instances = instance_records(server, model)
     assert len(instances) == 2
     victim = next(iter(instances.values()))["pid"]
 
     def infer(client: httpclient.InferenceServerClient, value: int) -> float:
-        out = client.infer(
-            "slow_pair", _slow_input(float(value)), parameters={"sleep_ms": 40}
-        ).as_numpy("OUT")
+        out = client.infer(model, _slow_input(float(value)), parameters={"sleep_ms": 40}).as_numpy(
+            "OUT"
+        )
         return float(out[0][0])
 
     results = load_while(server.http_url, infer, lambda: os.kill(victim, signal.SIGKILL), 6.0)

@@ -9,6 +9,7 @@ the one waiting was taken off (e2e_support ``SLOW_VARIANTS``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import socket
@@ -50,24 +51,28 @@ def broker(server: Any) -> Iterator[redis.Redis]:
     client.close()
 
 
-def _stream(server: Any, model: str) -> str:
-    return KeySchema(server.key_prefix).queue(model, 1)
+def _streams(server: Any, model: str) -> list[str]:
+    """The model's streams: one, or one per queue shard (``*_sharded``: two)."""
+    shards = 2 if model.endswith("_sharded") else 1
+    return [KeySchema(server.key_prefix).queue(model, 1, 0, k, shards) for k in range(shards)]
+
+
+def _length(broker: redis.Redis, server: Any, model: str) -> int:
+    return sum(int(broker.xlen(stream)) for stream in _streams(server, model))
 
 
 def _queued(broker: redis.Redis, server: Any, model: str) -> int:
-    """Entries on the model's stream that no instance has taken yet."""
-    stream = _stream(server, model)
-    length = int(broker.xlen(stream))
-    try:
-        pending = int(broker.xpending(stream, WORKER_GROUP)["pending"])
-    except redis.ResponseError:  # no group yet
-        pending = 0
-    return length - pending
+    """Entries on the model's streams that no instance has taken yet."""
+    return _length(broker, server, model) - _taken(broker, server, model)
 
 
 def _taken(broker: redis.Redis, server: Any, model: str) -> int:
     """Entries an instance has taken and not finished."""
-    return int(broker.xpending(_stream(server, model), WORKER_GROUP)["pending"])
+    taken = 0
+    for stream in _streams(server, model):
+        with contextlib.suppress(redis.ResponseError):  # no group yet
+            taken += int(broker.xpending(stream, WORKER_GROUP)["pending"])
+    return taken
 
 
 def _until(predicate: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
@@ -151,8 +156,10 @@ class _Results:
         }
 
 
-def test_grpc_cancel_and_deadline_take_a_queued_request_off(server, broker) -> None:
-    model = "slow_queue"
+@pytest.mark.parametrize("model", ["slow_queue", "slow_queue_sharded"])
+def test_grpc_cancel_and_deadline_take_a_queued_request_off(server, broker, model: str) -> None:
+    """Also on a queue split over two shards (slow_queue_sharded), whose shard streams
+    are in slots of their own: the entry is taken off, then counted."""
     before = _counts(server, model)
     log_before = len(server.log())
     client = grpcclient.InferenceServerClient(server.grpc_url)
@@ -184,8 +191,9 @@ def test_grpc_cancel_and_deadline_take_a_queued_request_off(server, broker) -> N
     assert done["cancelled"][1].status() == "StatusCode.CANCELLED"
     assert done["expired"][1].status() == "StatusCode.DEADLINE_EXCEEDED"
     # the instance deletes a run entry with its next Redis round trip, after the answer
-    _until(lambda: broker.xlen(_stream(server, model)) == 0, "the stream is empty")
+    _until(lambda: _length(broker, server, model) == 0, "the streams are empty")
     _until(lambda: _counts(server, model)["success"] == before["success"] + 2, "two answered")
+    _until(lambda: _counts(server, model)["fail"] == before["fail"] + 2, "two counted failed")
     assert _delta(_counts(server, model), before) == TWO_RAN_TWO_CANCELLED
     assert "Traceback" not in server.log()[log_before:]
 
@@ -221,7 +229,7 @@ def test_http_connection_reset_takes_a_queued_request_off(server, broker) -> Non
     half_closed.close()
 
     # the instance deletes a run entry with its next Redis round trip, after the answer
-    _until(lambda: broker.xlen(_stream(server, model)) == 0, "the stream is empty")
+    _until(lambda: _length(broker, server, model) == 0, "the stream is empty")
     _until(lambda: _counts(server, model)["success"] == before["success"] + 2, "two answered")
     assert _delta(_counts(server, model), before) == TWO_RAN_TWO_CANCELLED
     assert "Traceback" not in server.log()[log_before:]
@@ -248,7 +256,7 @@ def test_a_request_already_running_when_cancelled_completes(server, broker) -> N
 
     _until(lambda: _counts(server, model)["success"] == before["success"] + 2, "both complete")
     # the instance deletes a run entry with its next Redis round trip, after the answer
-    _until(lambda: broker.xlen(_stream(server, model)) == 0, "the stream is empty")
+    _until(lambda: _length(broker, server, model) == 0, "the stream is empty")
     got = _delta(_counts(server, model), before)
     assert got.pop("execution_count") in (1, 2)  # one batch of two, or one each
     assert got == {

@@ -245,3 +245,24 @@ def test_config_path_in_message() -> None:
         validate(
             parse_config_text('name: "m" max_batch_size: -1'), model_dir=MODEL_DIR, config_path=path
         )
+
+
+@pytest.mark.parametrize("value", ["0", "65", "two", " ", "-1", "1.5", "٣"])
+def test_queue_shards_must_be_a_whole_number_in_range(value: str) -> None:
+    shards = f'parameters {{ key: "queue_shards" value: {{ string_value: "{value}" }} }}'
+    text = f'name: "m" {IO}{CPU_GROUP}{shards}'
+    with pytest.raises(ConfigError) as info:
+        _validate(text)
+    assert "parameter 'queue_shards' of model 'm' must be a whole number from 1 to 64" in str(
+        info.value
+    )
+    assert info.value.field == "parameters.queue_shards"
+
+
+def test_queue_shards_read_from_parameters() -> None:
+    from sluice.repository.validate import queue_shards
+
+    base = f'name: "m" {IO}{CPU_GROUP}'
+    assert queue_shards(parse_config_text(base)) == 1
+    shards = 'parameters { key: "queue_shards" value: { string_value: " 3 " } }'
+    assert queue_shards(parse_config_text(base + shards)) == 3
