@@ -107,17 +107,27 @@ class KeySchema:
         """Stream of model control commands (load / unload) for the supervisor."""
         return f"{self.prefix}control"
 
-    def stats(self, model: str, version: int) -> str:
-        """Hash of the counters the gateways add to (rejections, cancellations)."""
-        return f"{self.prefix}{{{model}}}:stats:{version}"
+    # The statistics and latency histograms of a version whose queue is split over shards
+    # live in several slots: each instance's under the hash tag of the queue shard it
+    # waits on (``tag``; None: the model's own), so that they spread with the queue.
 
-    def stats_shard(self, model: str, version: int, instance: str) -> str:
+    def stats(self, model: str, version: int, tag: str | None = None) -> str:
+        """Hash of the counters the gateways add to (rejections, cancellations; the
+        model's own tag), and the hash shards of tag ``tag`` are folded into."""
+        return f"{self.prefix}{{{tag or model}}}:stats:{version}"
+
+    def stats_shard(self, model: str, version: int, instance: str, tag: str | None = None) -> str:
         """Hash of one model instance's counters, as totals (``stats_store.StatsShard``)."""
-        return f"{self.prefix}{{{model}}}:stats:{version}:i:{instance}"
+        return f"{self.prefix}{{{tag or model}}}:stats:{version}:i:{instance}"
 
-    def stats_shards(self, model: str, version: int) -> str:
-        """Set of the version's ``stats_shard`` keys (readers add them to ``stats``)."""
-        return f"{self.prefix}{{{model}}}:stats:{version}:shards"
+    def stats_shards(self, model: str, version: int, tag: str | None = None) -> str:
+        """Set of the ``stats_shard`` keys of tag ``tag`` (readers add them to ``stats``)."""
+        return f"{self.prefix}{{{tag or model}}}:stats:{version}:shards"
+
+    def stats_tags(self, model: str, version: int) -> str:
+        """Set of the hash tags other than the model's own that hold statistics of the
+        version (queue shards' tags; readers read each)."""
+        return f"{self.prefix}{{{model}}}:stats:{version}:tags"
 
     def cache_entry(self, digest: str) -> str:
         """String: one response cache entry (``broker.response_cache``)."""
@@ -136,10 +146,10 @@ class KeySchema:
         lookup_ns, insert_ns), added to by every gateway."""
         return f"{self.prefix}{{cache}}:stats"
 
-    def latency_window(self, model: str, version: int) -> str:
-        """Prefix of the version's latency histograms, one hash per age bucket (the bucket
-        number follows; ``broker.latency_window``)."""
-        return f"{self.prefix}{{{model}}}:latency:{version}:"
+    def latency_window(self, model: str, version: int, tag: str | None = None) -> str:
+        """Prefix of the version's latency histograms of tag ``tag`` (None: the model's
+        own), one hash per age bucket (the bucket number follows; ``broker.latency_window``)."""
+        return f"{self.prefix}{{{tag or model}}}:latency:{version}:"
 
     # -- async jobs (docs/user-guide/jobs.md); a job's keys share the hash tag of its id --
 

@@ -17,8 +17,14 @@ A version's statistics are the sum of several hashes with the same fields:
   retires) folds its shard into the gateway hash (:func:`fold_stats_shards`), so
   shards do not pile up with reloads and scaling.
 
-:func:`read_stats` reads a version's hashes in one script (a shard folded meanwhile
-counts once) and adds them up (``last_inference_ms``: the latest).
+A version whose queue is split over shards (``queue_shards``) keeps each instance's shard,
+shard list and fold-target hash under the hash tag of the queue shard the instance waits
+on, so that a Redis Cluster spreads these writes with the queue; the tags in use are
+listed in ``KeySchema.stats_tags`` (the model's own is always read).
+
+:func:`read_stats` reads each tag's hashes in one script (a shard folded meanwhile
+counts once: a fold stays within its tag) and adds them up (``last_inference_ms``: the
+latest).
 Field names:
 
 * ``success_count``/``success_ns``, ``fail_count``/``fail_ns``, ``queue_count``/``queue_ns``,
@@ -140,12 +146,26 @@ class StatsShard:
         key: the instance's hash (``KeySchema.stats_shard``).
         registry: the version's set of shards (``KeySchema.stats_shards``).
         totals: the hash's current fields (an instance started again goes on from them).
+        tag: the hash tag of ``key`` when it is not the model's own (a queue shard's).
+        tags_key: the version's set of such tags (``KeySchema.stats_tags``).
     """
 
-    def __init__(self, key: str, registry: str, totals: Mapping[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        key: str,
+        registry: str,
+        totals: Mapping[str, int] | None = None,
+        tag: str | None = None,
+        tags_key: str | None = None,
+    ) -> None:
         self.key = key
         self.registry = registry
         self.totals: dict[str, int] = dict(totals or {})
+        #: the hash tag the shard lives under (None: the model's own)
+        self.tag = tag
+        self._tag_listing: list[tuple[object, ...]] = (
+            [("SADD", tags_key, tag)] if tag is not None and tags_key is not None else []
+        )
         #: False until the shard was written whole and listed in the registry; set back to
         #: False after Redis was unreachable (it may have restarted without its data)
         self.registered = False
@@ -166,14 +186,20 @@ class StatsShard:
         if not self.registered:
             self.registered = True
             fields = [x for item in totals.items() for x in item]
+            listing = [("SADD", self.registry, self.key), *self._tag_listing]
             if not fields:
-                return [("SADD", self.registry, self.key)]
-            return [("HSET", self.key, *fields), ("SADD", self.registry, self.key)]
+                return listing
+            return [("HSET", self.key, *fields), *listing]
         return [("HSET", self.key, *changed)] if changed else []
 
 
 def open_stats_shard(
-    client: redis.Redis, keys: KeySchema, model: str, version: int, instance: str
+    client: redis.Redis,
+    keys: KeySchema,
+    model: str,
+    version: int,
+    instance: str,
+    tag: str | None = None,
 ) -> StatsShard:
     """The shard of instance ``instance``, with the totals its hash holds already (an
     instance started again under the same name goes on counting from them).
@@ -181,9 +207,18 @@ def open_stats_shard(
     Raises:
         redis.exceptions.RedisError: Redis unreachable.
     """
-    key = keys.stats_shard(model, version, instance)
+    tag = None if tag == model else tag
+    key = keys.stats_shard(model, version, instance, tag)
     totals = {k.decode(): int(v) for k, v in client.hgetall(key).items()}
-    return StatsShard(key, keys.stats_shards(model, version), totals)
+    return StatsShard(
+        key, keys.stats_shards(model, version, tag), totals, tag, keys.stats_tags(model, version)
+    )
+
+
+def _tags(client: redis.Redis, keys: KeySchema, model: str, version: int) -> list[str | None]:
+    """The hash tags holding the version's statistics: None (the model's own) first."""
+    listed = client.smembers(keys.stats_tags(model, version))
+    return [None, *sorted(t.decode() if isinstance(t, bytes) else t for t in listed)]
 
 
 def fold_stats_shards(
@@ -196,11 +231,13 @@ def fold_stats_shards(
     Raises:
         redis.exceptions.RedisError: Redis unreachable.
     """
-    base, registry = keys.stats(model, version), keys.stats_shards(model, version)
+    tags = _tags(client, keys, model, version)
     with client.pipeline(transaction=False) as pipe:
-        for instance in instances:
-            shard = keys.stats_shard(model, version, instance)
-            pipe.execute_command("EVAL", FOLD_STATS.body, 3, base, shard, registry)
+        for tag in tags:
+            base, registry = keys.stats(model, version, tag), keys.stats_shards(model, version, tag)
+            for instance in instances:
+                shard = keys.stats_shard(model, version, instance, tag)
+                pipe.execute_command("EVAL", FOLD_STATS.body, 3, base, shard, registry)
         pipe.execute()
 
 
@@ -213,10 +250,13 @@ def reset_version_stats(client: redis.Redis, keys: KeySchema, model: str, versio
     Raises:
         redis.exceptions.RedisError: Redis unreachable.
     """
-    registry = keys.stats_shards(model, version)
-    shards = [s.decode() if isinstance(s, bytes) else s for s in client.smembers(registry)]
-    windows = live_bucket_keys(keys.latency_window(model, version), time.time_ns())
-    client.delete(keys.stats(model, version), registry, *shards, *windows)
+    for tag in _tags(client, keys, model, version):
+        registry = keys.stats_shards(model, version, tag)
+        shards = [s.decode() if isinstance(s, bytes) else s for s in client.smembers(registry)]
+        windows = live_bucket_keys(keys.latency_window(model, version, tag), time.time_ns())
+        # one tag's keys share a slot: one DEL each (a cluster refuses a DEL across slots)
+        client.delete(keys.stats(model, version, tag), registry, *shards, *windows)
+    client.delete(keys.stats_tags(model, version))
 
 
 def merge_stats(hashes: Sequence[Mapping[bytes, bytes]]) -> VersionStats:
@@ -232,12 +272,11 @@ def merge_stats(hashes: Sequence[Mapping[bytes, bytes]]) -> VersionStats:
     return VersionStats(counters)
 
 
-async def read_stats(
+async def read_tags(
     client: redis.asyncio.Redis, keys: KeySchema, versions: Sequence[tuple[str, int]]
-) -> list[VersionStats]:
-    """The statistics of each ``(model, version)``: its gateway hash and instance shards
-    added up, each version read at once (``broker.scripts.READ_STATS``: a shard folded
-    into the gateway hash while it is read counts once), all in one round trip.
+) -> list[list[str | None]]:
+    """The hash tags holding each version's statistics and latency histograms: None (the
+    model's own) first, then those of its queue shards, in one round trip.
 
     Raises:
         redis.exceptions.RedisError: Redis unreachable.
@@ -246,10 +285,43 @@ async def read_stats(
         return []
     async with client.pipeline(transaction=False) as pipe:
         for model, version in versions:
-            base, registry = keys.stats(model, version), keys.stats_shards(model, version)
-            pipe.execute_command("EVAL", READ_STATS.body, 2, base, registry)
+            pipe.smembers(keys.stats_tags(model, version))
         replies = await pipe.execute()
-    return [merge_stats([_pairs(flat) for flat in reply]) for reply in replies]
+    return [
+        [None, *sorted(t.decode() if isinstance(t, bytes) else t for t in listed)]
+        for listed in replies
+    ]
+
+
+async def read_stats(
+    client: redis.asyncio.Redis,
+    keys: KeySchema,
+    versions: Sequence[tuple[str, int]],
+    tags: Sequence[Sequence[str | None]] | None = None,
+) -> list[VersionStats]:
+    """The statistics of each ``(model, version)``: its gateway hash and instance shards
+    added up, each tag's read at once (``broker.scripts.READ_STATS``: a shard folded
+    into its tag's hash while it is read counts once), in one round trip after
+    :func:`read_tags` (``tags``: what it returned, read already).
+
+    Raises:
+        redis.exceptions.RedisError: Redis unreachable.
+    """
+    if not versions:
+        return []
+    if tags is None:
+        tags = await read_tags(client, keys, versions)
+    async with client.pipeline(transaction=False) as pipe:
+        for (model, version), version_tags in zip(versions, tags, strict=True):
+            for tag in version_tags:
+                base = keys.stats(model, version, tag)
+                registry = keys.stats_shards(model, version, tag)
+                pipe.execute_command("EVAL", READ_STATS.body, 2, base, registry)
+        replies = iter(await pipe.execute())
+    return [
+        merge_stats([_pairs(flat) for _ in version_tags for flat in next(replies)])
+        for version_tags in tags
+    ]
 
 
 def _pairs(flat: Sequence[bytes]) -> dict[bytes, bytes]:

@@ -43,7 +43,7 @@ class Accounting:
         self.stats = stats
         #: latency histograms of the summary metrics (None: nothing is counted)
         self._latencies = (
-            LatencyRecorder(layout.keys.latency_window(layout.model, layout.version))
+            LatencyRecorder(layout.keys.latency_window(layout.model, layout.version, stats.tag))
             if stats is not None
             else None
         )

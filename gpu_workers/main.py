@@ -30,7 +30,7 @@ from sluice.broker.clock import check_clock
 from sluice.broker.cluster import sync_client
 from sluice.broker.consumer import StreamConsumer
 from sluice.broker.deadline import exit_deadline
-from sluice.broker.keys import KeySchema
+from sluice.broker.keys import KeySchema, hash_tag
 from sluice.broker.logs import LogOptions, configure_logging
 from sluice.broker.model_store import ModelStore
 from sluice.broker.redis_access import exit_if_refused
@@ -189,12 +189,13 @@ def main(argv: list[str] | None = None) -> int:
     if sequences is not None:
         # a sequence's steps come on the stream of the instance it is bound to
         streams.append(keys.sequence_queue(args.model, args.version, args.instance))
-    home = args.queue_shard if args.queue_shard >= 0 else zlib.crc32(args.instance.encode())
+    shard = args.queue_shard if args.queue_shard >= 0 else zlib.crc32(args.instance.encode())
+    home = keys_layout.stream(keys_layout.levels()[0], shard % keys_layout.shards)
     consumer = StreamConsumer(
         client,
         streams,
         args.instance,
-        home=keys_layout.stream(keys_layout.levels()[0], home % keys_layout.shards),
+        home=home,
         by_arrival=keys_layout.shards > 1,
     )
     consumer.ensure_groups()
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         keys_layout,
         ShapeKeys(config),
         output_datatypes(config),
-        open_stats_shard(client, keys, args.model, args.version, args.instance),
+        open_stats_shard(client, keys, args.model, args.version, args.instance, hash_tag(home)),
         batching=config.max_batch_size > 0,
         load_id=args.load_id,
         rules=RequestRules.from_config(config),

@@ -22,7 +22,7 @@ from sluice.broker.latency_window import AGE_BUCKETS, merge_windows, window_keys
 from sluice.broker.model_store import AsyncModelStore, VersionState, count_live
 from sluice.broker.scheduling import stream_layout
 from sluice.broker.states import ModelState
-from sluice.broker.stats_store import VersionStats, read_stats
+from sluice.broker.stats_store import VersionStats, read_stats, read_tags
 
 __all__ = ["QueueFacts", "VersionSample", "read_versions"]
 
@@ -150,17 +150,20 @@ async def read_versions(
     found.sort(key=lambda f: (f[0], f[1]))
 
     ready = [f for f in found if f[2] == ModelState.READY.value]
-    version_stats = await read_stats(client, keys, [(f[0], f[1]) for f in ready])
+    ready_versions = [(f[0], f[1]) for f in ready]
+    tags = await read_tags(client, keys, ready_versions)
+    version_stats = await read_stats(client, keys, ready_versions, tags)
     now_ns = time.time_ns()
     async with client.pipeline(transaction=False) as pipe:
-        for name, version, _, _, streams in ready:
+        for (name, version, _, _, streams), version_tags in zip(ready, tags, strict=True):
             pipe.hgetall(keys.instances(name, version))
             for stream in streams:
                 pipe.xinfo_groups(stream)
                 pipe.xlen(stream)
             if latencies:
-                for key in window_keys(keys.latency_window(name, version), now_ns):
-                    pipe.hgetall(key)
+                for tag in version_tags:
+                    for key in window_keys(keys.latency_window(name, version, tag), now_ns):
+                        pipe.hgetall(key)
         replies = await pipe.execute(raise_on_error=False) if ready else []
 
     facts: dict[tuple[str, int], tuple[VersionStats, dict[str, str], int]] = {}
@@ -168,7 +171,9 @@ async def read_versions(
     tails: list[tuple[tuple[str, int], str, str]] = []  # (version, stream, last delivered id)
     counts: dict[tuple[str, int], list[int]] = {}
     position = 0
-    for (name, version, _, _, streams), stats in zip(ready, version_stats, strict=True):
+    for (name, version, _, _, streams), stats, version_tags in zip(
+        ready, version_stats, tags, strict=True
+    ):
         instances_raw = replies[position]
         position += 1
         states, live = count_live(instances_raw if isinstance(instances_raw, dict) else {}, now_ns)
@@ -192,8 +197,8 @@ async def read_versions(
                 tails.append(((name, version), stream, str(last or "0-0")))
         counts[(name, version)] = [depth, pending]
         if latencies:
-            windows = replies[position : position + AGE_BUCKETS]
-            position += AGE_BUCKETS
+            windows = replies[position : position + AGE_BUCKETS * len(version_tags)]
+            position += AGE_BUCKETS * len(version_tags)
             histograms[(name, version)] = merge_windows(w for w in windows if isinstance(w, dict))
 
     oldest: dict[tuple[str, int], int] = {}

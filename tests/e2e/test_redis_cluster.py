@@ -36,7 +36,7 @@ from e2e_support import Server, load_examples, load_while, start_server, stop_se
 from redis.crc import key_slot
 
 from sluice.broker.cluster import sync_client
-from sluice.broker.keys import KeySchema
+from sluice.broker.keys import KeySchema, shard_tag
 
 pytestmark = pytest.mark.e2e
 
@@ -266,6 +266,13 @@ def test_sharded_queue_spreads_over_the_primaries(server: Server, cluster: Clust
     assert sum(added) >= answered > 50
     even = sum(added) / 3
     assert all(abs(n - even) <= 0.2 * even for n in added), added
+    # each instance counts under the tag of the shard it waits on (0, 1, 2 in turn): the
+    # statistics the load was checked against were added up over the three slots
+    keys = KeySchema(server.key_prefix)
+    tags = {t.decode() for t in client.smembers(keys.stats_tags(SHARDED, 1))}
+    assert tags == {shard_tag(SHARDED, 1, 3), shard_tag(SHARDED, 2, 3)}
+    for tag in (None, *tags):
+        assert client.scard(keys.stats_shards(SHARDED, 1, tag)) == 1
     client.close()
 
 
