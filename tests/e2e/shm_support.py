@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 A = np.arange(16, dtype=np.float32).reshape(1, 16)
@@ -40,3 +42,13 @@ def shm_request(module: Any, in_name: str, out_name: str) -> tuple[list[Any], li
     outputs[0].set_shared_memory(out_name, NBYTES)
     outputs[1].set_shared_memory(out_name, NBYTES, offset=NBYTES)
     return inputs, outputs
+
+
+def by_protocol(
+    protocol: str, http_client: Any, grpc_client: Any
+) -> tuple[Any, Any, dict[str, str]]:
+    """For ``protocol`` (``"http"`` or ``"grpc"``): its client of the two given, its
+    tritonclient module (to build tensors with) and its status text per error code."""
+    if protocol == "http":
+        return http_client, httpclient, HTTP_STATUS
+    return grpc_client, grpcclient, GRPC_STATUS

@@ -17,11 +17,10 @@ from typing import Any
 import numpy as np
 import pytest
 import requests
-import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from e2e_support import Server, start_server, stop_server
-from shm_support import GRPC_STATUS, HTTP_STATUS, NBYTES, A, B, raises, shm_request
+from shm_support import NBYTES, A, B, by_protocol, raises, shm_request
 from tritonclient.utils import InferenceServerException
 
 from sluice.api.cuda_shared_memory import cuda_runtime
@@ -96,8 +95,7 @@ def _add_sub_regions(regions: Regions, client: Any) -> tuple[str, Any, str]:
 def test_inputs_from_and_outputs_into_cuda_regions(
     protocol: str, http_client: Any, grpc_client: Any, regions: Regions
 ) -> None:
-    client = http_client if protocol == "http" else grpc_client
-    module = httpclient if protocol == "http" else grpcclient
+    client, module, _ = by_protocol(protocol, http_client, grpc_client)
     in_name, outputs, out_name = _add_sub_regions(regions, client)
     inputs, requested = shm_request(module, in_name, out_name)
 
@@ -119,8 +117,7 @@ def test_cuda_inputs_with_outputs_in_the_response(
     protocol: str, http_client: Any, grpc_client: Any, regions: Regions
 ) -> None:
     """Inputs from a CUDA region at an offset, outputs answered in the response."""
-    client = http_client if protocol == "http" else grpc_client
-    module = httpclient if protocol == "http" else grpcclient
+    client, module, _ = by_protocol(protocol, http_client, grpc_client)
     handle = regions.create("mixed", 3 * NBYTES)
     cudashm.set_shared_memory_region(handle, [np.zeros_like(A), B, A])
     name = _register(client, regions, "mixed", handle, 3 * NBYTES)
@@ -172,8 +169,7 @@ def test_status_and_unregister_over_grpc(grpc_client: Any, regions: Regions) -> 
 def test_bad_registrations_refused(
     protocol: str, http_client: Any, grpc_client: Any, regions: Regions
 ) -> None:
-    client = http_client if protocol == "http" else grpc_client
-    codes = HTTP_STATUS if protocol == "http" else GRPC_STATUS
+    client, _, codes = by_protocol(protocol, http_client, grpc_client)
     handle = regions.create("r", 256)
     raw = cudashm.get_raw_handle(handle)
     name = f"r_{regions.tag}"
@@ -231,9 +227,7 @@ def test_bad_http_register_bodies_refused(server: Server, regions: Regions) -> N
 def test_bad_tensor_regions_refused(
     protocol: str, http_client: Any, grpc_client: Any, regions: Regions
 ) -> None:
-    client = http_client if protocol == "http" else grpc_client
-    module = httpclient if protocol == "http" else grpcclient
-    codes = HTTP_STATUS if protocol == "http" else GRPC_STATUS
+    client, module, codes = by_protocol(protocol, http_client, grpc_client)
     in_name, _, out_name = _add_sub_regions(regions, client)
 
     def infer(mutate: Any) -> InferenceServerException:

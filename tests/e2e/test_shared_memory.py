@@ -26,7 +26,7 @@ from e2e_support import (
     start_server,
     stop_server,
 )
-from shm_support import GRPC_STATUS, HTTP_STATUS, NBYTES, A, B, raises, shm_request
+from shm_support import NBYTES, A, B, by_protocol, raises, shm_request
 from tritonclient.utils import InferenceServerException
 
 from sluice.api.cuda_shared_memory import cuda_runtime
@@ -85,8 +85,7 @@ def _add_sub_regions(regions: Regions, client: Any) -> tuple[Any, Any]:
 def test_inputs_from_and_outputs_into_shared_memory(
     protocol: str, http_client: Any, grpc_client: Any, regions: Regions
 ) -> None:
-    client = http_client if protocol == "http" else grpc_client
-    module = httpclient if protocol == "http" else grpcclient
+    client, module, _ = by_protocol(protocol, http_client, grpc_client)
     _, outputs = _add_sub_regions(regions, client)
     shm.set_shared_memory_region(outputs, [np.full((1, 32), -7.0, dtype=np.float32)])
     inputs, requested = shm_request(module, f"inputs_{regions.tag}", f"outputs_{regions.tag}")
@@ -113,8 +112,7 @@ def test_shared_memory_mixed_with_tensors_in_the_request(
 ) -> None:
     """One input from a region and one in the request; one output into a region and
     one in the response."""
-    client = http_client if protocol == "http" else grpc_client
-    module = httpclient if protocol == "http" else grpcclient
+    client, module, _ = by_protocol(protocol, http_client, grpc_client)
     _, outputs = _add_sub_regions(regions, client)
     inputs = [module.InferInput(f"INPUT{i}", [1, 16], "FP32") for i in range(2)]
     inputs[0].set_shared_memory(f"inputs_{regions.tag}", NBYTES)
@@ -135,8 +133,7 @@ def test_bytes_tensor_through_shared_memory(
     protocol: str, http_client: Any, grpc_client: Any, regions: Regions
 ) -> None:
     """A BYTES input is its serialized elements (4-byte length prefixes) in the region."""
-    client = http_client if protocol == "http" else grpc_client
-    module = httpclient if protocol == "http" else grpcclient
+    client, module, _ = by_protocol(protocol, http_client, grpc_client)
     from tritonclient.utils import serialize_byte_tensor, triton_to_np_dtype
 
     words = np.array([[b"alpha", b"", b"gamma\x00", b"d"]], dtype=np.object_)
@@ -224,8 +221,7 @@ def test_region_offset_reads_the_right_bytes(http_client: Any, regions: Regions)
 def test_bad_registrations_refused(
     protocol: str, http_client: Any, grpc_client: Any, regions: Regions
 ) -> None:
-    client = http_client if protocol == "http" else grpc_client
-    codes = HTTP_STATUS if protocol == "http" else GRPC_STATUS
+    client, _, codes = by_protocol(protocol, http_client, grpc_client)
     name = f"r_{regions.tag}"
     _, key = regions.create(name, 256)
 
@@ -265,9 +261,7 @@ def test_bad_registrations_refused(
 def test_bad_tensor_regions_refused(
     protocol: str, http_client: Any, grpc_client: Any, regions: Regions
 ) -> None:
-    client = http_client if protocol == "http" else grpc_client
-    module = httpclient if protocol == "http" else grpcclient
-    codes = HTTP_STATUS if protocol == "http" else GRPC_STATUS
+    client, module, codes = by_protocol(protocol, http_client, grpc_client)
     _add_sub_regions(regions, client)
     tag = regions.tag
 
@@ -322,9 +316,7 @@ def test_truncated_object_refused_and_gateway_lives(
 ) -> None:
     """A client shrinks its object after register: the infer that uses the region is
     refused naming it, and the gateway that served it keeps serving (no SIGBUS)."""
-    client = http_client if protocol == "http" else grpc_client
-    module = httpclient if protocol == "http" else grpcclient
-    codes = HTTP_STATUS if protocol == "http" else GRPC_STATUS
+    client, module, codes = by_protocol(protocol, http_client, grpc_client)
     gateways = _gateways(server)
     assert gateways, server.log()
     tag = regions.tag
@@ -360,8 +352,7 @@ def test_truncated_object_refused_and_gateway_lives(
 def test_nul_key_and_zero_size_refused(
     protocol: str, server: Server, http_client: Any, grpc_client: Any, regions: Regions
 ) -> None:
-    client = http_client if protocol == "http" else grpc_client
-    codes = HTTP_STATUS if protocol == "http" else GRPC_STATUS
+    client, _, codes = by_protocol(protocol, http_client, grpc_client)
     name = f"r_{regions.tag}"
     _, key = regions.create(name, 256)
     tracebacks = server.log().count("Traceback")
