@@ -4,12 +4,10 @@ into them by a real ``sluice serve``, and bad regions refused with Triton's text
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,7 +20,7 @@ from e2e_support import (
     ROOT,
     Server,
     build_identity_types,
-    children_of,
+    children_running,
     start_server,
     stop_server,
 )
@@ -300,16 +298,6 @@ def test_bad_tensor_regions_refused(
     )
 
 
-def _gateways(server: Server) -> list[int]:
-    """The pids of the server's gateway processes."""
-    found = []
-    for pid in children_of(server.process.pid):
-        with contextlib.suppress(OSError):
-            if b"sluice.api.gateway" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
-                found.append(pid)
-    return found
-
-
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_truncated_object_refused_and_gateway_lives(
     protocol: str, server: Server, http_client: Any, grpc_client: Any, regions: Regions
@@ -317,7 +305,7 @@ def test_truncated_object_refused_and_gateway_lives(
     """A client shrinks its object after register: the infer that uses the region is
     refused naming it, and the gateway that served it keeps serving (no SIGBUS)."""
     client, module, codes = by_protocol(protocol, http_client, grpc_client)
-    gateways = _gateways(server)
+    gateways = children_running(server, "sluice.api.gateway")
     assert gateways, server.log()
     tag = regions.tag
     name = f"big_{tag}"
@@ -342,10 +330,10 @@ def test_truncated_object_refused_and_gateway_lives(
         f"shared memory region '{name}' is smaller than registered: its object '{key}' now "
         "holds 0 bytes, the region needs 8192",
     )
-    assert _gateways(server) == gateways, server.log()
+    assert children_running(server, "sluice.api.gateway") == gateways, server.log()
     inputs, outputs = shm_request(module, f"inputs_{tag}", f"outputs_{tag}")
     client.infer("add_sub", inputs, outputs=outputs)  # the same gateway serves the next one
-    assert _gateways(server) == gateways
+    assert children_running(server, "sluice.api.gateway") == gateways
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
