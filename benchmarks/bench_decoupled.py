@@ -38,8 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import client_load
-from bench_anchors import ANCHORS, BENCH, ROOT, start_server, stop_server
+from bench_anchors import ANCHORS, BENCH, stop_server
 from client_load import Tally
+from peers import start_sluice, start_triton
 
 from sluice.broker.redis_server import start_private_redis, stop_private_redis
 
@@ -106,25 +107,10 @@ def measure(args: argparse.Namespace, out: Path) -> list[dict]:
     triton = sluice = None
     rows: list[dict] = []
     try:
-        triton = start_server(
-            [
-                "bash", str(BENCH / "start_triton.sh"), str(write_repository(out / "triton")),
-                str(args.triton_port), str(args.triton_port + 1), str(args.triton_port + 2),
-                str(out / "triton-inner.log"),
-            ],
-            out / "triton.log",
-            args.triton_port,
-        )  # fmt: skip
-        sluice = start_server(
-            [
-                str(ROOT / ".venv" / "bin" / "sluice"), "serve",
-                "--model-repository", str(write_repository(out / "sluice")),
-                "--http-port", str(args.sluice_port), "--grpc-port", str(args.sluice_port + 1),
-                "--metrics-port", str(args.sluice_port + 2),
-                "--redis-url", redis_url, "--key-prefix", f"decbench-{uuid.uuid4().hex[:8]}:",
-            ],
-            out / "sluice.log",
-            args.sluice_port,
+        triton = start_triton(write_repository(out / "triton"), args.triton_port, out)
+        sluice = start_sluice(
+            write_repository(out / "sluice"), args.sluice_port, redis_url,
+            f"decbench-{uuid.uuid4().hex[:8]}:", out / "sluice.log",
         )  # fmt: skip
         for pair in range(1, args.pairs + 1):
             for conc in args.conc:

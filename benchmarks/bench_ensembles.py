@@ -45,8 +45,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import client_load
-from bench_anchors import ANCHORS, BENCH, ROOT, start_server, stop_server
+from bench_anchors import ANCHORS, BENCH, ROOT, stop_server
 from client_load import Tally
+from peers import start_sluice, start_triton
 
 from sluice.broker.redis_server import start_private_redis, stop_private_redis
 
@@ -103,6 +104,8 @@ NLP_BUILD = ROOT / "build" / "nlp-example"
 #: Triton's added latency is counted as at least this (ms): p50s of separate runs differ
 #: by about that much, so a smaller (or negative) difference says only "next to nothing"
 ADDED_FLOOR_MS = 0.05
+#: Sluice here serves inference only: no job worker process beside the models
+NO_JOB_WORKERS = ("--job-workers", "0")
 
 
 def write_repository(root: Path) -> Path:
@@ -151,37 +154,16 @@ def drive(url: str, model: str, conc: int, seconds: float) -> dict:
     }
 
 
-def _sluice_command(repo: Path, port: int, redis_url: str, prefix: str) -> list[str]:
-    return [
-        str(ROOT / ".venv" / "bin" / "sluice"), "serve", "--model-repository", str(repo),
-        "--http-port", str(port), "--grpc-port", str(port + 1),
-        "--metrics-port", str(port + 2), "--redis-url", redis_url, "--key-prefix", prefix,
-        "--job-workers", "0",
-    ]  # fmt: skip
-
-
 def measure_ensemble(args: argparse.Namespace, out: Path, redis_url: str) -> list[dict]:
     """Part 1: both servers up, the pairs run, both stopped; one row per run."""
     triton = sluice = None
     rows: list[dict] = []
     low = min(args.conc)
     try:
-        triton = start_server(
-            [
-                "bash", str(BENCH / "start_triton.sh"), str(write_repository(out / "triton")),
-                str(args.triton_port), str(args.triton_port + 1), str(args.triton_port + 2),
-                str(out / "triton-inner.log"),
-            ],
-            out / "triton.log",
-            args.triton_port,
-        )  # fmt: skip
-        sluice = start_server(
-            _sluice_command(
-                write_repository(out / "sluice"), args.sluice_port, redis_url,
-                f"ensbench-{uuid.uuid4().hex[:8]}:",
-            ),
-            out / "sluice.log",
-            args.sluice_port,
+        triton = start_triton(write_repository(out / "triton"), args.triton_port, out)
+        sluice = start_sluice(
+            write_repository(out / "sluice"), args.sluice_port, redis_url,
+            f"ensbench-{uuid.uuid4().hex[:8]}:", out / "sluice.log", *NO_JOB_WORKERS,
         )  # fmt: skip
         for pair in range(1, args.pairs + 1):
             for conc in args.conc:
@@ -318,11 +300,10 @@ def measure_nlp(args: argparse.Namespace, out: Path, redis_url: str) -> list[tup
         print(f"{rows[-1][0]:45} {rows[-1][1]:8.1f} sentences/s", flush=True)
     del pipeline
     port = args.sluice_port + 10
-    sluice = start_server(
-        _sluice_command(NLP_BUILD, port, redis_url, f"nlpbench-{uuid.uuid4().hex[:8]}:"),
-        out / "sluice-nlp.log",
-        port,
-    )
+    sluice = start_sluice(
+        NLP_BUILD, port, redis_url, f"nlpbench-{uuid.uuid4().hex[:8]}:",
+        out / "sluice-nlp.log", *NO_JOB_WORKERS,
+    )  # fmt: skip
     try:
         for model in ("minilm_embed", "minilm_embed_bls"):
             for users in (1, 16):
