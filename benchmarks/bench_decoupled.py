@@ -22,14 +22,12 @@ server does not start.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import queue
 import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -39,7 +37,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_anchors import ANCHORS, BENCH, ROOT, start_server, stop_server
+import client_load
+from bench_anchors import ANCHORS, BENCH, stop_server
+from client_load import Tally
+from peers import start_sluice, start_triton
 
 from sluice.broker.redis_server import start_private_redis, stop_private_redis
 
@@ -61,79 +62,40 @@ def write_repository(root: Path) -> Path:
     return root
 
 
-def _client(
-    url: str, streams: int, responses: int, seconds: float, out: multiprocessing.Queue
-) -> None:
-    """One client process: ``streams`` streams, each a loop of request -> all responses;
-    puts (responses received, first-response latencies in s, errors)."""
+def _user(url: str, responses: int, index: int, stop_at: float, tally: Tally) -> None:
+    """One simulated user (:mod:`client_load`): one stream, a loop of request -> all
+    ``responses`` responses; records the time to each request's first response."""
     import tritonclient.grpc as grpcclient
 
-    stop_at = time.monotonic() + seconds
-    received = [0] * streams
-    firsts: list[float] = []
-    errors: list[str] = []
-    lock = threading.Lock()
-
-    def run(index: int) -> None:
-        arrived: queue.Queue[object] = queue.Queue()
-        client = grpcclient.InferenceServerClient(url)
-        client.start_stream(callback=lambda result, error: arrived.put(error or result))
-        tensor = grpcclient.InferInput("IN", [1], "INT32")
-        tensor.set_data_from_numpy(np.array([responses], dtype=np.int32))
-        try:
-            while time.monotonic() < stop_at:
-                sent = time.perf_counter()
-                client.async_stream_infer("count", [tensor])
-                for k in range(responses):
-                    item = arrived.get(timeout=60)
-                    if isinstance(item, Exception):
-                        raise item
-                    if k == 0:
-                        first = time.perf_counter() - sent
-                        with lock:
-                            firsts.append(first)
-                received[index] += responses
-        except Exception as exc:
-            errors.append(repr(exc))
-        finally:
-            client.stop_stream()
-            client.close()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(streams)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(seconds + 120)
-    out.put((sum(received), firsts, errors))
+    arrived: queue.Queue[object] = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: arrived.put(error or result))
+    tensor = grpcclient.InferInput("IN", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([responses], dtype=np.int32))
+    try:
+        while time.monotonic() < stop_at:
+            sent = time.perf_counter()
+            client.async_stream_infer("count", [tensor])
+            for k in range(responses):
+                item = arrived.get(timeout=60)
+                if isinstance(item, Exception):
+                    raise item
+                if k == 0:
+                    tally.samples_s.append(time.perf_counter() - sent)
+            tally.answers += responses
+    finally:
+        client.stop_stream()
+        client.close()
 
 
 def measure_once(args: argparse.Namespace, url: str, conc: int) -> dict:
     """``conc`` streams over up to four client processes for ``--duration`` s."""
-    processes = min(conc, 4)
-    share = [conc // processes + (1 if i < conc % processes else 0) for i in range(processes)]
-    results: multiprocessing.Queue = multiprocessing.Queue()
-    started = time.monotonic()
-    workers = [
-        multiprocessing.Process(
-            target=_client, args=(url, n, args.responses, args.duration, results)
-        )
-        for n in share
-    ]
-    for worker in workers:
-        worker.start()
-    collected = [results.get(timeout=args.duration + 180) for _ in workers]
-    for worker in workers:
-        worker.join(30)
-    elapsed = time.monotonic() - started
-    errors = [e for _, _, errs in collected for e in errs]
-    if errors:
-        raise SystemExit(f"client errors against {url}: {errors[:3]}")
-    firsts = sorted(f for _, fs, _ in collected for f in fs)
+    load = client_load.drive(_user, (url, args.responses), conc, args.duration, url)
     return {
-        "responses_per_s": sum(n for n, _, _ in collected) / elapsed,
-        "first_p50_ms": 1000 * firsts[len(firsts) // 2],
-        "first_p99_ms": 1000 * firsts[min(len(firsts) - 1, int(len(firsts) * 0.99))],
-        "requests": len(firsts),
+        "responses_per_s": load.per_s,
+        "first_p50_ms": load.ms(0.5),
+        "first_p99_ms": load.ms(0.99),
+        "requests": len(load.samples_s),
     }
 
 
@@ -145,25 +107,10 @@ def measure(args: argparse.Namespace, out: Path) -> list[dict]:
     triton = sluice = None
     rows: list[dict] = []
     try:
-        triton = start_server(
-            [
-                "bash", str(BENCH / "start_triton.sh"), str(write_repository(out / "triton")),
-                str(args.triton_port), str(args.triton_port + 1), str(args.triton_port + 2),
-                str(out / "triton-inner.log"),
-            ],
-            out / "triton.log",
-            args.triton_port,
-        )  # fmt: skip
-        sluice = start_server(
-            [
-                str(ROOT / ".venv" / "bin" / "sluice"), "serve",
-                "--model-repository", str(write_repository(out / "sluice")),
-                "--http-port", str(args.sluice_port), "--grpc-port", str(args.sluice_port + 1),
-                "--metrics-port", str(args.sluice_port + 2),
-                "--redis-url", redis_url, "--key-prefix", f"decbench-{uuid.uuid4().hex[:8]}:",
-            ],
-            out / "sluice.log",
-            args.sluice_port,
+        triton = start_triton(write_repository(out / "triton"), args.triton_port, out)
+        sluice = start_sluice(
+            write_repository(out / "sluice"), args.sluice_port, redis_url,
+            f"decbench-{uuid.uuid4().hex[:8]}:", out / "sluice.log",
         )  # fmt: skip
         for pair in range(1, args.pairs + 1):
             for conc in args.conc:

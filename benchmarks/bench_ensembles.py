@@ -31,13 +31,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import multiprocessing
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -46,7 +44,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_anchors import ANCHORS, BENCH, ROOT, start_server, stop_server
+import client_load
+from bench_anchors import ANCHORS, BENCH, ROOT, stop_server
+from client_load import Tally
+from peers import start_sluice, start_triton
 
 from sluice.broker.redis_server import start_private_redis, stop_private_redis
 
@@ -103,6 +104,8 @@ NLP_BUILD = ROOT / "build" / "nlp-example"
 #: Triton's added latency is counted as at least this (ms): p50s of separate runs differ
 #: by about that much, so a smaller (or negative) difference says only "next to nothing"
 ADDED_FLOOR_MS = 0.05
+#: Sluice here serves inference only: no job worker process beside the models
+NO_JOB_WORKERS = ("--job-workers", "0")
 
 
 def write_repository(root: Path) -> Path:
@@ -116,82 +119,39 @@ def write_repository(root: Path) -> Path:
     return root
 
 
-def _client(url: str, model: str, users: int, seconds: float, out: multiprocessing.Queue) -> None:
-    """One client process: ``users`` threads, each a loop of one request at a time of a
-    ``[1, 16]`` tensor; puts (latencies in s, errors)."""
+def _user(url: str, model: str, index: int, stop_at: float, tally: Tally) -> None:
+    """One simulated user (:mod:`client_load`): one request at a time of a ``[1, 16]``
+    tensor of ``index``, each answer checked."""
     import tritonclient.grpc as grpcclient
 
     src, dst, expect = MODELS[model]
-    stop_at = time.monotonic() + seconds
-    latencies: list[float] = []
-    errors: list[str] = []
-    lock = threading.Lock()
-
-    def run(index: int) -> None:
-        client = grpcclient.InferenceServerClient(url)
-        x = np.full((1, 16), float(index), np.float32)
-        tensor = grpcclient.InferInput(src, [1, 16], "FP32")
-        tensor.set_data_from_numpy(x)
-        want = expect(x)
-        mine: list[float] = []
-        try:
-            while time.monotonic() < stop_at:
-                sent = time.perf_counter()
-                got = client.infer(model, [tensor], client_timeout=60).as_numpy(dst)
-                mine.append(time.perf_counter() - sent)
-                if not np.array_equal(got, want):
-                    raise AssertionError(f"{model}: {got[0, :3]} != {want[0, :3]}")
-        except Exception as exc:
-            errors.append(repr(exc))
-        finally:
-            client.close()
-            with lock:
-                latencies.extend(mine)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(users)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(seconds + 120)
-    out.put((latencies, errors))
+    client = grpcclient.InferenceServerClient(url)
+    x = np.full((1, 16), float(index), np.float32)
+    tensor = grpcclient.InferInput(src, [1, 16], "FP32")
+    tensor.set_data_from_numpy(x)
+    want = expect(x)
+    try:
+        while time.monotonic() < stop_at:
+            sent = time.perf_counter()
+            got = client.infer(model, [tensor], client_timeout=60).as_numpy(dst)
+            tally.samples_s.append(time.perf_counter() - sent)
+            tally.answers += 1
+            if not np.array_equal(got, want):
+                raise AssertionError(f"{model}: {got[0, :3]} != {want[0, :3]}")
+    finally:
+        client.close()
 
 
 def drive(url: str, model: str, conc: int, seconds: float) -> dict:
     """``conc`` users over up to four client processes for ``seconds``: throughput
     (requests/s) and p50/p99 latency (ms)."""
-    processes = min(conc, 4)
-    share = [conc // processes + (1 if i < conc % processes else 0) for i in range(processes)]
-    results: multiprocessing.Queue = multiprocessing.Queue()
-    started = time.monotonic()
-    workers = [
-        multiprocessing.Process(target=_client, args=(url, model, n, seconds, results))
-        for n in share
-    ]
-    for worker in workers:
-        worker.start()
-    collected = [results.get(timeout=seconds + 180) for _ in workers]
-    for worker in workers:
-        worker.join(30)
-    elapsed = time.monotonic() - started
-    errors = [e for _, errs in collected for e in errs]
-    if errors:
-        raise SystemExit(f"client errors against {url} ({model}): {errors[:3]}")
-    latencies = sorted(t for ts, _ in collected for t in ts)
+    load = client_load.drive(_user, (url, model), conc, seconds, f"{url} ({model})")
     return {
-        "per_s": len(latencies) / elapsed,
-        "p50_ms": 1000 * latencies[len(latencies) // 2],
-        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
-        "requests": len(latencies),
+        "per_s": load.per_s,
+        "p50_ms": load.ms(0.5),
+        "p99_ms": load.ms(0.99),
+        "requests": len(load.samples_s),
     }
-
-
-def _sluice_command(repo: Path, port: int, redis_url: str, prefix: str) -> list[str]:
-    return [
-        str(ROOT / ".venv" / "bin" / "sluice"), "serve", "--model-repository", str(repo),
-        "--http-port", str(port), "--grpc-port", str(port + 1),
-        "--metrics-port", str(port + 2), "--redis-url", redis_url, "--key-prefix", prefix,
-        "--job-workers", "0",
-    ]  # fmt: skip
 
 
 def measure_ensemble(args: argparse.Namespace, out: Path, redis_url: str) -> list[dict]:
@@ -200,22 +160,10 @@ def measure_ensemble(args: argparse.Namespace, out: Path, redis_url: str) -> lis
     rows: list[dict] = []
     low = min(args.conc)
     try:
-        triton = start_server(
-            [
-                "bash", str(BENCH / "start_triton.sh"), str(write_repository(out / "triton")),
-                str(args.triton_port), str(args.triton_port + 1), str(args.triton_port + 2),
-                str(out / "triton-inner.log"),
-            ],
-            out / "triton.log",
-            args.triton_port,
-        )  # fmt: skip
-        sluice = start_server(
-            _sluice_command(
-                write_repository(out / "sluice"), args.sluice_port, redis_url,
-                f"ensbench-{uuid.uuid4().hex[:8]}:",
-            ),
-            out / "sluice.log",
-            args.sluice_port,
+        triton = start_triton(write_repository(out / "triton"), args.triton_port, out)
+        sluice = start_sluice(
+            write_repository(out / "sluice"), args.sluice_port, redis_url,
+            f"ensbench-{uuid.uuid4().hex[:8]}:", out / "sluice.log", *NO_JOB_WORKERS,
         )  # fmt: skip
         for pair in range(1, args.pairs + 1):
             for conc in args.conc:
@@ -297,31 +245,32 @@ def _sentences(client: object, count: int) -> list[str]:
     return [base[i % len(base)] for i in range(count)]
 
 
+def _embed_user(
+    client: object,
+    model: str,
+    url: str,
+    sentences: list[str],
+    index: int,
+    stop_at: float,
+    tally: Tally,
+) -> None:
+    """One NLP user: one sentence per request, each answer counted."""
+    while time.monotonic() < stop_at:
+        client.embed(url, [sentences[index]], "grpc", model)  # type: ignore[attr-defined]
+        tally.answers += 1
+
+
 def _embed_loop(url: str, model: str, users: int, seconds: float) -> float:
     """Sentences per second: ``users`` threads, one sentence per request."""
     client = _load_by_path("examples/nlp/client.py", "bench_nlp_client")
     sentences = _sentences(client, users)
-    stop_at = time.monotonic() + seconds
-    done = [0] * users
-    errors: list[str] = []
-
-    def run(index: int) -> None:
-        try:
-            while time.monotonic() < stop_at:
-                client.embed(url, [sentences[index]], "grpc", model)  # type: ignore[attr-defined]
-                done[index] += 1
-        except Exception as exc:
-            errors.append(repr(exc))
-
     started = time.monotonic()
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(users)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(seconds + 120)
+    _, done, errors = client_load.run_users(
+        _embed_user, (client, model, url, sentences), users, seconds
+    )
     if errors:
         raise SystemExit(f"NLP client errors ({model}): {errors[:3]}")
-    return sum(done) / (time.monotonic() - started)
+    return done / (time.monotonic() - started)
 
 
 def measure_nlp(args: argparse.Namespace, out: Path, redis_url: str) -> list[tuple[str, float]]:
@@ -351,11 +300,10 @@ def measure_nlp(args: argparse.Namespace, out: Path, redis_url: str) -> list[tup
         print(f"{rows[-1][0]:45} {rows[-1][1]:8.1f} sentences/s", flush=True)
     del pipeline
     port = args.sluice_port + 10
-    sluice = start_server(
-        _sluice_command(NLP_BUILD, port, redis_url, f"nlpbench-{uuid.uuid4().hex[:8]}:"),
-        out / "sluice-nlp.log",
-        port,
-    )
+    sluice = start_sluice(
+        NLP_BUILD, port, redis_url, f"nlpbench-{uuid.uuid4().hex[:8]}:",
+        out / "sluice-nlp.log", *NO_JOB_WORKERS,
+    )  # fmt: skip
     try:
         for model in ("minilm_embed", "minilm_embed_bls"):
             for users in (1, 16):

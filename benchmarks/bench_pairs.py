@@ -37,12 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_anchors import (
     ANCHORS,
     BENCH,
-    ROOT,
     model_counts,
     redis_cpu_ticks,
-    start_server,
     stop_server,
 )
+from peers import start_sluice, start_triton
 
 from sluice.broker.redis_server import start_private_redis, stop_private_redis
 
@@ -89,25 +88,10 @@ def measure(args: argparse.Namespace, out: Path) -> list[tuple[dict, dict]]:
     triton = sluice = None
     pairs: list[tuple[dict, dict]] = []
     try:
-        triton = start_server(
-            [
-                "bash", str(BENCH / "start_triton.sh"), str(ANCHORS / "models"),
-                str(args.triton_port), str(args.triton_port + 1), str(args.triton_port + 2),
-                str(out / "triton-inner.log"),
-            ],
-            out / "triton.log",
-            args.triton_port,
-        )  # fmt: skip
-        sluice = start_server(
-            [
-                str(ROOT / ".venv" / "bin" / "sluice"), "serve",
-                "--model-repository", str(ANCHORS / "models-onnx"),
-                "--http-port", str(args.sluice_port), "--grpc-port", str(args.sluice_port + 1),
-                "--metrics-port", str(args.sluice_port + 2),
-                "--redis-url", redis_url, "--key-prefix", f"pairs-{uuid.uuid4().hex[:8]}:",
-            ],
-            out / "sluice.log",
-            args.sluice_port,
+        triton = start_triton(ANCHORS / "models", args.triton_port, out)
+        sluice = start_sluice(
+            ANCHORS / "models-onnx", args.sluice_port, redis_url,
+            f"pairs-{uuid.uuid4().hex[:8]}:", out / "sluice.log",
         )  # fmt: skip
         tick = os.sysconf("SC_CLK_TCK")
         for index in range(args.pairs):

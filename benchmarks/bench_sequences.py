@@ -51,7 +51,8 @@ import tritonclient.grpc as grpcclient
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_anchors import ANCHORS, BENCH, ROOT, model_counts, start_server, stop_server
+from bench_anchors import ANCHORS, BENCH, model_counts, stop_server
+from peers import start_sluice, start_triton
 
 import sluice.gpu_workers.backends.python  # noqa: F401  (registers triton_python_backend_utils)
 from sluice.broker.redis_server import start_private_redis, stop_private_redis
@@ -253,25 +254,10 @@ def measure(args: argparse.Namespace, out: Path) -> tuple[list[dict], list[float
     sluice_ports = (args.sluice_port, args.sluice_port + 1)
     triton_repo = write_repository(out / "triton", False, args.hidden)
     try:
-        triton = start_server(
-            [
-                "bash", str(BENCH / "start_triton.sh"), str(triton_repo),
-                str(triton_ports[0]), str(triton_ports[1]), str(args.triton_port + 2),
-                str(out / "triton-inner.log"),
-            ],
-            out / "triton.log",
-            triton_ports[0],
-        )  # fmt: skip
-        sluice = start_server(
-            [
-                str(ROOT / ".venv" / "bin" / "sluice"), "serve",
-                "--model-repository", str(write_repository(out / "sluice", True, args.hidden)),
-                "--http-port", str(sluice_ports[0]), "--grpc-port", str(sluice_ports[1]),
-                "--metrics-port", str(args.sluice_port + 2),
-                "--redis-url", redis_url, "--key-prefix", prefix,
-            ],
-            out / "sluice.log",
-            sluice_ports[0],
+        triton = start_triton(triton_repo, args.triton_port, out)
+        sluice = start_sluice(
+            write_repository(out / "sluice", True, args.hidden), args.sluice_port, redis_url,
+            prefix, out / "sluice.log",
         )  # fmt: skip
         runs = [("triton", "gru", triton_ports), ("sluice", "gru", sluice_ports)]
         runs.append(("sluice", "gru_state", sluice_ports))

@@ -7,12 +7,28 @@ HTTP routes (:mod:`api.http.shm_routes`). Errors and access control (group
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 import grpc
 from tritonclient.grpc import service_pb2
 
 from sluice.api.dataplane import DataPlane
 
 __all__ = ["SharedMemoryRpcs"]
+
+_StatusResponse = TypeVar(
+    "_StatusResponse",
+    service_pb2.SystemSharedMemoryStatusResponse,
+    service_pb2.CudaSharedMemoryStatusResponse,
+)
+
+
+def _keyed_by_name(response: _StatusResponse, regions: list[dict[str, Any]]) -> _StatusResponse:
+    """``response`` with each region's status (as the registry lists it) filed under its
+    name in the ``regions`` map, as its ``RegionStatus`` message."""
+    for region in regions:
+        response.regions[region["name"]].CopyFrom(type(response).RegionStatus(**region))
+    return response
 
 
 class SharedMemoryRpcs:
@@ -27,12 +43,10 @@ class SharedMemoryRpcs:
     ) -> service_pb2.SystemSharedMemoryStatusResponse:
         """Every registered region (``name`` empty) or the one named (NOT_FOUND when it
         is not registered), keyed by name."""
-        response = service_pb2.SystemSharedMemoryStatusResponse()
-        for region in self._dp.shared_memory.system_status(request.name):
-            response.regions[region["name"]].CopyFrom(
-                service_pb2.SystemSharedMemoryStatusResponse.RegionStatus(**region)
-            )
-        return response
+        return _keyed_by_name(
+            service_pb2.SystemSharedMemoryStatusResponse(),
+            self._dp.shared_memory.system_status(request.name),
+        )
 
     async def SystemSharedMemoryRegister(
         self,
@@ -61,12 +75,10 @@ class SharedMemoryRpcs:
     ) -> service_pb2.CudaSharedMemoryStatusResponse:
         """Every registered CUDA region (``name`` empty) or the one named (NOT_FOUND when
         it is not registered), keyed by name."""
-        response = service_pb2.CudaSharedMemoryStatusResponse()
-        for region in self._dp.shared_memory.cuda_status(request.name):
-            response.regions[region["name"]].CopyFrom(
-                service_pb2.CudaSharedMemoryStatusResponse.RegionStatus(**region)
-            )
-        return response
+        return _keyed_by_name(
+            service_pb2.CudaSharedMemoryStatusResponse(),
+            self._dp.shared_memory.cuda_status(request.name),
+        )
 
     async def CudaSharedMemoryRegister(
         self,

@@ -269,6 +269,17 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+def children_running(server: Server, module: str) -> list[int]:
+    """Pids of the server's children running ``python -m <module>`` (``module`` is one
+    argument of their command line); a child that exits while read is left out."""
+    found = []
+    for pid in children_of(server.process.pid):
+        with contextlib.suppress(OSError):
+            if module.encode() in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                found.append(pid)
+    return found
+
+
 def start_server(
     repo: Path | str,
     redis_url: str,

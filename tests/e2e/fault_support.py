@@ -43,7 +43,14 @@ from pathlib import Path
 import numpy as np
 import redis
 import requests
-from e2e_support import Server, children_of, free_port, instance_records, start_server, stop_server
+from e2e_support import (
+    Server,
+    children_running,
+    free_port,
+    instance_records,
+    start_server,
+    stop_server,
+)
 
 from sluice.broker.redis_server import redis_answers
 
@@ -498,13 +505,9 @@ def summarize(name: str, load: Load, fault_at: float, where: Path) -> FaultRow:
 
 def child_pid(server: Server, module: str) -> int:
     """The pid of one of the server's children running ``python -m <module>``."""
-    for pid in children_of(server.process.pid):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if module.encode() in cmdline:
-            return pid
+    found = children_running(server, module)
+    if found:
+        return found[0]
     raise AssertionError(f"no {module} process:\n{server.log()[-3000:]}")
 
 
@@ -528,6 +531,12 @@ class Deployment:
         self.server.owns_prefix = True
 
 
+#: a job worker's settings under which a killed worker's jobs come back within seconds
+FAST_JOB_RECOVERY = {
+    "SLUICE_JOB_WORKER__VISIBILITY_TIMEOUT_S": "4",
+    "SLUICE_JOB_WORKER__LEASE_S": "2",
+    "SLUICE_JOB_WORKER__RETRY_BACKOFF_MAX_S": "2",
+}
 SERVE_FLAGS = ("--gateway-processes", "2", "--request-timeout-secs", str(REQUEST_TIMEOUT_S))
 
 
@@ -536,9 +545,7 @@ def serve_env(where: Path) -> dict[str, str]:
     worker's jobs back within seconds."""
     return {
         "LEDGER_DIR": str(where / "ledger"),
-        "SLUICE_JOB_WORKER__VISIBILITY_TIMEOUT_S": "4",
-        "SLUICE_JOB_WORKER__LEASE_S": "2",
-        "SLUICE_JOB_WORKER__RETRY_BACKOFF_MAX_S": "2",
+        **FAST_JOB_RECOVERY,
     }
 
 
@@ -589,20 +596,12 @@ def _connections(pid: int, ports: set[int]) -> int:
     return count
 
 
-def _gateways(d: Deployment) -> list[int]:
-    """The pids of the server's gateway processes."""
-    found = []
-    for pid in children_of(d.server.process.pid):
-        with contextlib.suppress(OSError):
-            if b"sluice.api.gateway" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
-                found.append(pid)
-    return found
-
-
 def _kill_gateway(d: Deployment) -> None:
     """SIGKILL the gateway holding the most client connections."""
     ports = {d.server.http_port, d.server.grpc_port}
-    busiest = max(_gateways(d), key=lambda pid: _connections(pid, ports))
+    busiest = max(
+        children_running(d.server, "sluice.api.gateway"), key=lambda pid: _connections(pid, ports)
+    )
     assert _connections(busiest, ports) > 0, "no client connection on a gateway"
     os.kill(busiest, signal.SIGKILL)
 

@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 import pytest
 import requests
-import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from e2e_support import Server, start_server, stop_server
+from shm_support import NBYTES, A, B, by_protocol, raises, shm_request
 from tritonclient.utils import InferenceServerException
 
 from sluice.api.cuda_shared_memory import cuda_runtime
@@ -48,24 +48,6 @@ def server(
         yield started
     finally:
         assert stop_server(started) == 0, started.log()
-
-
-A = np.arange(16, dtype=np.float32).reshape(1, 16)
-B = np.full((1, 16), 0.5, dtype=np.float32)
-NBYTES = A.nbytes  # 64
-HTTP_STATUS = {"NOT_FOUND": "404", "INVALID_ARG": "400", "ALREADY_EXISTS": "400", "INTERNAL": "500"}
-GRPC_STATUS = {
-    "NOT_FOUND": "StatusCode.NOT_FOUND",
-    "INVALID_ARG": "StatusCode.INVALID_ARGUMENT",
-    "ALREADY_EXISTS": "StatusCode.ALREADY_EXISTS",
-    "INTERNAL": "StatusCode.INTERNAL",
-}
-
-
-def _raises(call: Any, *args: Any, **kwargs: Any) -> InferenceServerException:
-    with pytest.raises(InferenceServerException) as info:
-        call(*args, **kwargs)
-    return info.value
 
 
 class Regions:
@@ -109,24 +91,13 @@ def _add_sub_regions(regions: Regions, client: Any) -> tuple[str, Any, str]:
     return in_name, outputs, out_name
 
 
-def _shm_request(module: Any, in_name: str, out_name: str) -> tuple[list[Any], list[Any]]:
-    inputs = [module.InferInput(f"INPUT{i}", [1, 16], "FP32") for i in range(2)]
-    inputs[0].set_shared_memory(in_name, NBYTES)
-    inputs[1].set_shared_memory(in_name, NBYTES, offset=NBYTES)
-    outputs = [module.InferRequestedOutput(f"OUTPUT{i}") for i in range(2)]
-    outputs[0].set_shared_memory(out_name, NBYTES)
-    outputs[1].set_shared_memory(out_name, NBYTES, offset=NBYTES)
-    return inputs, outputs
-
-
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_inputs_from_and_outputs_into_cuda_regions(
     protocol: str, http_client: Any, grpc_client: Any, regions: Regions
 ) -> None:
-    client = http_client if protocol == "http" else grpc_client
-    module = httpclient if protocol == "http" else grpcclient
+    client, module, _ = by_protocol(protocol, http_client, grpc_client)
     in_name, outputs, out_name = _add_sub_regions(regions, client)
-    inputs, requested = _shm_request(module, in_name, out_name)
+    inputs, requested = shm_request(module, in_name, out_name)
 
     result = client.infer("add_sub", inputs, outputs=requested)
 
@@ -146,8 +117,7 @@ def test_cuda_inputs_with_outputs_in_the_response(
     protocol: str, http_client: Any, grpc_client: Any, regions: Regions
 ) -> None:
     """Inputs from a CUDA region at an offset, outputs answered in the response."""
-    client = http_client if protocol == "http" else grpc_client
-    module = httpclient if protocol == "http" else grpcclient
+    client, module, _ = by_protocol(protocol, http_client, grpc_client)
     handle = regions.create("mixed", 3 * NBYTES)
     cudashm.set_shared_memory_region(handle, [np.zeros_like(A), B, A])
     name = _register(client, regions, "mixed", handle, 3 * NBYTES)
@@ -174,7 +144,7 @@ def test_status_and_unregister_over_http(http_client: Any, regions: Regions) -> 
     http_client.unregister_cuda_shared_memory(first)  # not registered: fine
     http_client.unregister_cuda_shared_memory()
     assert http_client.get_cuda_shared_memory_status() == []
-    err = _raises(http_client.get_cuda_shared_memory_status, second)
+    err = raises(http_client.get_cuda_shared_memory_status, second)
     assert (err.status(), err.message()) == (
         "404",
         f"Unable to find cuda shared memory region: '{second}'",
@@ -191,7 +161,7 @@ def test_status_and_unregister_over_grpc(grpc_client: Any, regions: Regions) -> 
     assert list(grpc_client.get_cuda_shared_memory_status(name).regions) == [name]
     grpc_client.unregister_cuda_shared_memory(name)
     assert list(grpc_client.get_cuda_shared_memory_status().regions) == []
-    err = _raises(grpc_client.get_cuda_shared_memory_status, name)
+    err = raises(grpc_client.get_cuda_shared_memory_status, name)
     assert err.status() == "StatusCode.NOT_FOUND"
 
 
@@ -199,25 +169,24 @@ def test_status_and_unregister_over_grpc(grpc_client: Any, regions: Regions) -> 
 def test_bad_registrations_refused(
     protocol: str, http_client: Any, grpc_client: Any, regions: Regions
 ) -> None:
-    client = http_client if protocol == "http" else grpc_client
-    codes = HTTP_STATUS if protocol == "http" else GRPC_STATUS
+    client, _, codes = by_protocol(protocol, http_client, grpc_client)
     handle = regions.create("r", 256)
     raw = cudashm.get_raw_handle(handle)
     name = f"r_{regions.tag}"
 
-    err = _raises(client.register_cuda_shared_memory, name, raw, 99, 256)
+    err = raises(client.register_cuda_shared_memory, name, raw, 99, 256)
     assert err.status() == codes["INVALID_ARG"]
     assert err.message().startswith(
         f"failed to register CUDA shared memory region '{name}': failed to open CUDA IPC handle: "
     )
-    err = _raises(client.register_cuda_shared_memory, name, b"AAAA", 0, 256)  # 3 bytes
+    err = raises(client.register_cuda_shared_memory, name, b"AAAA", 0, 256)  # 3 bytes
     assert err.status() == codes["INVALID_ARG"]
     assert err.message() == (
         f"failed to register CUDA shared memory region '{name}': "
         "failed to open CUDA IPC handle: invalid argument"
     )
     client.register_cuda_shared_memory(name, raw, 0, 256)
-    err = _raises(client.register_cuda_shared_memory, name, raw, 0, 256)
+    err = raises(client.register_cuda_shared_memory, name, raw, 0, 256)
     assert (err.status(), err.message()) == (
         codes["ALREADY_EXISTS"],
         f"shared memory region '{name}' already in manager",
@@ -226,10 +195,10 @@ def test_bad_registrations_refused(
     key = f"/sluice_test_{regions.tag}_sys"
     system = shm.create_shared_memory_region(f"s_{regions.tag}", key, 64)
     try:
-        err = _raises(client.register_system_shared_memory, name, key, 64)
+        err = raises(client.register_system_shared_memory, name, key, 64)
         assert err.message() == f"shared memory region '{name}' already in manager"
         client.register_system_shared_memory(f"s_{regions.tag}", key, 64)
-        err = _raises(client.get_cuda_shared_memory_status, f"s_{regions.tag}")
+        err = raises(client.get_cuda_shared_memory_status, f"s_{regions.tag}")
         assert (err.status(), err.message()) == (
             codes["NOT_FOUND"],
             f"The region named 's_{regions.tag}' is registered as system shared memory, "
@@ -258,15 +227,13 @@ def test_bad_http_register_bodies_refused(server: Server, regions: Regions) -> N
 def test_bad_tensor_regions_refused(
     protocol: str, http_client: Any, grpc_client: Any, regions: Regions
 ) -> None:
-    client = http_client if protocol == "http" else grpc_client
-    module = httpclient if protocol == "http" else grpcclient
-    codes = HTTP_STATUS if protocol == "http" else GRPC_STATUS
+    client, module, codes = by_protocol(protocol, http_client, grpc_client)
     in_name, _, out_name = _add_sub_regions(regions, client)
 
     def infer(mutate: Any) -> InferenceServerException:
-        inputs, outputs = _shm_request(module, in_name, out_name)
+        inputs, outputs = shm_request(module, in_name, out_name)
         mutate(inputs, outputs)
-        return _raises(client.infer, "add_sub", inputs, outputs=outputs)
+        return raises(client.infer, "add_sub", inputs, outputs=outputs)
 
     err = infer(lambda i, o: i[0].set_shared_memory("nope", NBYTES))
     assert (err.status(), err.message()) == (
@@ -294,8 +261,8 @@ def test_bad_tensor_regions_refused(
 def test_unregistered_region_no_longer_serves(http_client: Any, regions: Regions) -> None:
     in_name, _, out_name = _add_sub_regions(regions, http_client)
     http_client.unregister_cuda_shared_memory(in_name)
-    inputs, outputs = _shm_request(httpclient, in_name, out_name)
-    err = _raises(http_client.infer, "add_sub", inputs, outputs=outputs)
+    inputs, outputs = shm_request(httpclient, in_name, out_name)
+    err = raises(http_client.infer, "add_sub", inputs, outputs=outputs)
     assert (err.status(), err.message()) == (
         "404",
         f"Unable to find shared memory region: '{in_name}'",

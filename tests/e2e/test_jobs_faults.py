@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import redis
 import requests
-from e2e_support import Server, children_of, repository_of, start_server, stop_server
+from e2e_support import Server, repository_of, start_server, stop_server
+from fault_support import FAST_JOB_RECOVERY, child_pid
 from jobs_support import (
     JSONL,
     add_sub_body,
@@ -38,12 +39,6 @@ from sluice.broker.keys import KeySchema
 from sluice.broker.redis_server import delete_prefix
 from sluice.jobs import JobClient
 
-FAST_RECOVERY = {
-    "SLUICE_JOB_WORKER__VISIBILITY_TIMEOUT_S": "4",
-    "SLUICE_JOB_WORKER__LEASE_S": "2",
-    "SLUICE_JOB_WORKER__RETRY_BACKOFF_MAX_S": "2",
-}
-
 
 @pytest.fixture(scope="module")
 def faulty(
@@ -52,32 +47,20 @@ def faulty(
     """A ``sluice serve`` of ``add_sub`` and ``slow`` whose processes the tests kill."""
     where = tmp_path_factory.mktemp("jobs-faults")
     repo = repository_of(model_repository, where / "models", "add_sub", "slow")
-    server = start_server(repo, redis_url, where / "serve.log", env=FAST_RECOVERY)
+    server = start_server(repo, redis_url, where / "serve.log", env=FAST_JOB_RECOVERY)
     yield server
     assert stop_server(server) == 0, server.log()
-
-
-def _child(server: Server, module: str) -> int:
-    """The pid of the server's child running ``python -m <module>``."""
-    for pid in children_of(server.process.pid):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if module.encode() in cmdline:
-            return pid
-    raise AssertionError(f"no {module} process:\n{server.log()}")
 
 
 def _kill_child(server: Server, module: str) -> int:
     """SIGKILL the child running ``module`` and wait until the supervisor started
     another; returns the new pid."""
-    old = _child(server, module)
+    old = child_pid(server, module)
     os.kill(old, signal.SIGKILL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            new = _child(server, module)
+            new = child_pid(server, module)
         except AssertionError:
             new = old
         if new != old:

@@ -4,12 +4,10 @@ into them by a real ``sluice serve``, and bad regions refused with Triton's text
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,10 +20,11 @@ from e2e_support import (
     ROOT,
     Server,
     build_identity_types,
-    children_of,
+    children_running,
     start_server,
     stop_server,
 )
+from shm_support import NBYTES, A, B, by_protocol, raises, shm_request
 from tritonclient.utils import InferenceServerException
 
 from sluice.api.cuda_shared_memory import cuda_runtime
@@ -44,17 +43,6 @@ def server(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         yield started
     finally:
         assert stop_server(started) == 0, started.log()
-
-
-A = np.arange(16, dtype=np.float32).reshape(1, 16)
-B = np.full((1, 16), 0.5, dtype=np.float32)
-NBYTES = A.nbytes  # 64
-
-
-def _raises(call: Any, *args: Any, **kwargs: Any) -> InferenceServerException:
-    with pytest.raises(InferenceServerException) as info:
-        call(*args, **kwargs)
-    return info.value
 
 
 class Regions:
@@ -91,25 +79,14 @@ def _add_sub_regions(regions: Regions, client: Any) -> tuple[Any, Any]:
     return inputs, outputs
 
 
-def _shm_request(module: Any, tag: str) -> tuple[list[Any], list[Any]]:
-    inputs = [module.InferInput(f"INPUT{i}", [1, 16], "FP32") for i in range(2)]
-    inputs[0].set_shared_memory(f"inputs_{tag}", NBYTES)
-    inputs[1].set_shared_memory(f"inputs_{tag}", NBYTES, offset=NBYTES)
-    outputs = [module.InferRequestedOutput(f"OUTPUT{i}") for i in range(2)]
-    outputs[0].set_shared_memory(f"outputs_{tag}", NBYTES)
-    outputs[1].set_shared_memory(f"outputs_{tag}", NBYTES, offset=NBYTES)
-    return inputs, outputs
-
-
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_inputs_from_and_outputs_into_shared_memory(
     protocol: str, http_client: Any, grpc_client: Any, regions: Regions
 ) -> None:
-    client = http_client if protocol == "http" else grpc_client
-    module = httpclient if protocol == "http" else grpcclient
+    client, module, _ = by_protocol(protocol, http_client, grpc_client)
     _, outputs = _add_sub_regions(regions, client)
     shm.set_shared_memory_region(outputs, [np.full((1, 32), -7.0, dtype=np.float32)])
-    inputs, requested = _shm_request(module, regions.tag)
+    inputs, requested = shm_request(module, f"inputs_{regions.tag}", f"outputs_{regions.tag}")
 
     result = client.infer("add_sub", inputs, outputs=requested)
 
@@ -133,8 +110,7 @@ def test_shared_memory_mixed_with_tensors_in_the_request(
 ) -> None:
     """One input from a region and one in the request; one output into a region and
     one in the response."""
-    client = http_client if protocol == "http" else grpc_client
-    module = httpclient if protocol == "http" else grpcclient
+    client, module, _ = by_protocol(protocol, http_client, grpc_client)
     _, outputs = _add_sub_regions(regions, client)
     inputs = [module.InferInput(f"INPUT{i}", [1, 16], "FP32") for i in range(2)]
     inputs[0].set_shared_memory(f"inputs_{regions.tag}", NBYTES)
@@ -155,8 +131,7 @@ def test_bytes_tensor_through_shared_memory(
     protocol: str, http_client: Any, grpc_client: Any, regions: Regions
 ) -> None:
     """A BYTES input is its serialized elements (4-byte length prefixes) in the region."""
-    client = http_client if protocol == "http" else grpc_client
-    module = httpclient if protocol == "http" else grpcclient
+    client, module, _ = by_protocol(protocol, http_client, grpc_client)
     from tritonclient.utils import serialize_byte_tensor, triton_to_np_dtype
 
     words = np.array([[b"alpha", b"", b"gamma\x00", b"d"]], dtype=np.object_)
@@ -195,7 +170,7 @@ def test_status_and_unregister_over_http(http_client: Any, regions: Regions) -> 
     http_client.unregister_system_shared_memory(f"a_{regions.tag}")  # not registered: fine
     http_client.unregister_system_shared_memory()
     assert http_client.get_system_shared_memory_status() == []
-    err = _raises(http_client.get_system_shared_memory_status, f"b_{regions.tag}")
+    err = raises(http_client.get_system_shared_memory_status, f"b_{regions.tag}")
     assert err.status() == "404"
     assert err.message() == f"Unable to find system shared memory region: 'b_{regions.tag}'"
 
@@ -219,7 +194,7 @@ def test_status_and_unregister_over_grpc(grpc_client: Any, regions: Regions) -> 
     assert list(named.regions) == [f"g_{regions.tag}"]
     grpc_client.unregister_system_shared_memory(f"g_{regions.tag}")
     assert grpc_client.get_system_shared_memory_status(as_json=True) == {}
-    err = _raises(grpc_client.get_system_shared_memory_status, f"g_{regions.tag}")
+    err = raises(grpc_client.get_system_shared_memory_status, f"g_{regions.tag}")
     assert err.status() == "StatusCode.NOT_FOUND"
 
 
@@ -240,50 +215,40 @@ def test_region_offset_reads_the_right_bytes(http_client: Any, regions: Regions)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), A - B)
 
 
-HTTP_STATUS = {"NOT_FOUND": "404", "INVALID_ARG": "400", "ALREADY_EXISTS": "400", "INTERNAL": "500"}
-GRPC_STATUS = {
-    "NOT_FOUND": "StatusCode.NOT_FOUND",
-    "INVALID_ARG": "StatusCode.INVALID_ARGUMENT",
-    "ALREADY_EXISTS": "StatusCode.ALREADY_EXISTS",
-    "INTERNAL": "StatusCode.INTERNAL",
-}
-
-
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_bad_registrations_refused(
     protocol: str, http_client: Any, grpc_client: Any, regions: Regions
 ) -> None:
-    client = http_client if protocol == "http" else grpc_client
-    codes = HTTP_STATUS if protocol == "http" else GRPC_STATUS
+    client, _, codes = by_protocol(protocol, http_client, grpc_client)
     name = f"r_{regions.tag}"
     _, key = regions.create(name, 256)
 
-    err = _raises(client.register_system_shared_memory, name, key, 200, offset=100)
+    err = raises(client.register_system_shared_memory, name, key, 200, offset=100)
     assert (err.status(), err.message()) == (
         codes["INVALID_ARG"],
         f"failed to register shared memory region '{name}': invalid args",
     )
     missing = f"/sluice_test_{regions.tag}_missing"
-    err = _raises(client.register_system_shared_memory, name, missing, 64)
+    err = raises(client.register_system_shared_memory, name, missing, 64)
     assert (err.status(), err.message()) == (
         codes["INTERNAL"],
         f"Unable to open shared memory region: '{missing}'",
     )
-    err = _raises(client.register_system_shared_memory, name, "/../../etc/passwd", 64)
+    err = raises(client.register_system_shared_memory, name, "/../../etc/passwd", 64)
     assert err.message() == "Unable to open shared memory region: '/../../etc/passwd'"
     reserved = "/triton_python_backend_shm_region_1"
-    err = _raises(client.register_system_shared_memory, name, reserved, 64)
+    err = raises(client.register_system_shared_memory, name, reserved, 64)
     assert err.status() == codes["INVALID_ARG"]
     assert "reserved prefix 'triton_python_backend_shm_region_'" in err.message()
 
     client.register_system_shared_memory(name, key, 256)
-    err = _raises(client.register_system_shared_memory, name, key, 128)
+    err = raises(client.register_system_shared_memory, name, key, 128)
     assert (err.status(), err.message()) == (
         codes["ALREADY_EXISTS"],
         f"shared memory region '{name}' already in manager",
     )
     if cuda_runtime() is None:  # with a device: tests/e2e/test_cuda_shared_memory.py
-        err = _raises(client.register_cuda_shared_memory, "gpu", b"\0" * 64, 0, 64)
+        err = raises(client.register_cuda_shared_memory, "gpu", b"\0" * 64, 0, 64)
         assert (err.status(), err.message()) == (
             codes["INVALID_ARG"],
             "failed to register CUDA shared memory region: 'gpu', GPUs not supported",
@@ -294,16 +259,14 @@ def test_bad_registrations_refused(
 def test_bad_tensor_regions_refused(
     protocol: str, http_client: Any, grpc_client: Any, regions: Regions
 ) -> None:
-    client = http_client if protocol == "http" else grpc_client
-    module = httpclient if protocol == "http" else grpcclient
-    codes = HTTP_STATUS if protocol == "http" else GRPC_STATUS
+    client, module, codes = by_protocol(protocol, http_client, grpc_client)
     _add_sub_regions(regions, client)
     tag = regions.tag
 
     def infer(mutate: Any) -> InferenceServerException:
-        inputs, outputs = _shm_request(module, tag)
+        inputs, outputs = shm_request(module, f"inputs_{tag}", f"outputs_{tag}")
         mutate(inputs, outputs)
-        return _raises(client.infer, "add_sub", inputs, outputs=outputs)
+        return raises(client.infer, "add_sub", inputs, outputs=outputs)
 
     err = infer(lambda i, o: i[0].set_shared_memory("nope", NBYTES))
     assert (err.status(), err.message()) == (
@@ -335,26 +298,14 @@ def test_bad_tensor_regions_refused(
     )
 
 
-def _gateways(server: Server) -> list[int]:
-    """The pids of the server's gateway processes."""
-    found = []
-    for pid in children_of(server.process.pid):
-        with contextlib.suppress(OSError):
-            if b"sluice.api.gateway" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
-                found.append(pid)
-    return found
-
-
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_truncated_object_refused_and_gateway_lives(
     protocol: str, server: Server, http_client: Any, grpc_client: Any, regions: Regions
 ) -> None:
     """A client shrinks its object after register: the infer that uses the region is
     refused naming it, and the gateway that served it keeps serving (no SIGBUS)."""
-    client = http_client if protocol == "http" else grpc_client
-    module = httpclient if protocol == "http" else grpcclient
-    codes = HTTP_STATUS if protocol == "http" else GRPC_STATUS
-    gateways = _gateways(server)
+    client, module, codes = by_protocol(protocol, http_client, grpc_client)
+    gateways = children_running(server, "sluice.api.gateway")
     assert gateways, server.log()
     tag = regions.tag
     name = f"big_{tag}"
@@ -363,49 +314,48 @@ def test_truncated_object_refused_and_gateway_lives(
     _add_sub_regions(regions, client)
     os.truncate(f"/dev/shm{key}", 0)
 
-    inputs, outputs = _shm_request(module, tag)
+    inputs, outputs = shm_request(module, f"inputs_{tag}", f"outputs_{tag}")
     inputs[0].set_shared_memory(name, NBYTES, offset=4096)
-    err = _raises(client.infer, "add_sub", inputs, outputs=outputs)
+    err = raises(client.infer, "add_sub", inputs, outputs=outputs)
     assert (err.status(), err.message()) == (
         codes["INVALID_ARG"],
         f"shared memory region '{name}' is smaller than registered: its object '{key}' now "
         "holds 0 bytes, the region needs 8192",
     )
-    inputs, outputs = _shm_request(module, tag)
+    inputs, outputs = shm_request(module, f"inputs_{tag}", f"outputs_{tag}")
     outputs[0].set_shared_memory(name, NBYTES, offset=4096)
-    err = _raises(client.infer, "add_sub", inputs, outputs=outputs)
+    err = raises(client.infer, "add_sub", inputs, outputs=outputs)
     assert (err.status(), err.message()) == (
         codes["INVALID_ARG"],
         f"shared memory region '{name}' is smaller than registered: its object '{key}' now "
         "holds 0 bytes, the region needs 8192",
     )
-    assert _gateways(server) == gateways, server.log()
-    inputs, outputs = _shm_request(module, tag)
+    assert children_running(server, "sluice.api.gateway") == gateways, server.log()
+    inputs, outputs = shm_request(module, f"inputs_{tag}", f"outputs_{tag}")
     client.infer("add_sub", inputs, outputs=outputs)  # the same gateway serves the next one
-    assert _gateways(server) == gateways
+    assert children_running(server, "sluice.api.gateway") == gateways
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_nul_key_and_zero_size_refused(
     protocol: str, server: Server, http_client: Any, grpc_client: Any, regions: Regions
 ) -> None:
-    client = http_client if protocol == "http" else grpc_client
-    codes = HTTP_STATUS if protocol == "http" else GRPC_STATUS
+    client, _, codes = by_protocol(protocol, http_client, grpc_client)
     name = f"r_{regions.tag}"
     _, key = regions.create(name, 256)
     tracebacks = server.log().count("Traceback")
-    err = _raises(client.register_system_shared_memory, name, "/ev\x00x", 64)
+    err = raises(client.register_system_shared_memory, name, "/ev\x00x", 64)
     assert (err.status(), err.message()) == (
         codes["INTERNAL"],
         "Unable to open shared memory region: '/ev\x00x'",
     )
-    err = _raises(client.register_system_shared_memory, name, key, 0)
+    err = raises(client.register_system_shared_memory, name, key, 0)
     assert (err.status(), err.message()) == (
         codes["INVALID_ARG"],
         f"failed to register shared memory region '{name}': byte_size must be greater than 0 "
         "(a zero-length region cannot be mapped)",
     )
-    err = _raises(client.get_system_shared_memory_status, name)  # nothing registered
+    err = raises(client.get_system_shared_memory_status, name)  # nothing registered
     assert err.status() == codes["NOT_FOUND"]
     assert server.log().count("Traceback") == tracebacks
 
@@ -437,8 +387,8 @@ def test_output_in_shared_memory_cannot_be_classified(
 def test_unregistered_region_no_longer_serves(http_client: Any, regions: Regions) -> None:
     _add_sub_regions(regions, http_client)
     http_client.unregister_system_shared_memory(f"inputs_{regions.tag}")
-    inputs, outputs = _shm_request(httpclient, regions.tag)
-    err = _raises(http_client.infer, "add_sub", inputs, outputs=outputs)
+    inputs, outputs = shm_request(httpclient, f"inputs_{regions.tag}", f"outputs_{regions.tag}")
+    err = raises(http_client.infer, "add_sub", inputs, outputs=outputs)
     assert (err.status(), err.message()) == (
         "404",
         f"Unable to find shared memory region: 'inputs_{regions.tag}'",
