@@ -30,6 +30,7 @@ from sluice.api.http.infer_request import HttpInferRequest
 from sluice.api.models import ModelView
 from sluice.broker.errors import ErrorCode, SluiceError
 from sluice.broker.messages import InferResponseMessage
+from sluice.broker.scheduling import stream_layout
 from sluice.broker.states import JobState
 from sluice.job_workers.context import RETRY_FIRST_S, JobContext, Outcome, RunResult, timed_out
 from sluice.job_workers.rows import (
@@ -148,14 +149,18 @@ class _Bulk:
             self.sent += 1
             future.add_done_callback(self._finished)
 
-    async def look(self, stream: str) -> None:
+    async def look(self, view: ModelView, version: int) -> None:
         """Every :data:`LOOK_EVERY_S`, on a model without priority levels: how much
-        traffic shares ``stream`` (:class:`FairShare`)."""
+        traffic shares the version's streams (one per queue shard; :class:`FairShare`)."""
         now = time.monotonic()
         if self.share is None or now - self.looked_at < LOOK_EVERY_S:
             return
         self.looked_at = now
-        self.share.look(await self.ctx.store.entries_added(stream), self.sent, now)
+        keys = self.ctx.store.keys
+        streams = stream_layout(keys, view.name, version, view.config).streams()
+        added = [await self.ctx.store.entries_added(stream) for stream in streams]
+        total = None if any(n is None for n in added) else sum(n or 0 for n in added)
+        self.share.look(total, self.sent, now)
 
     def _finished(self, future: asyncio.Future[InferResponseMessage]) -> None:
         self.finished.append(future)
@@ -282,7 +287,7 @@ async def run_bulk(ctx: JobContext) -> RunResult:
             bulk.send(view, resolved)
             await bulk.wait()
             await bulk.write()
-            await bulk.look(ctx.store.keys.queue(record.model, resolved))
+            await bulk.look(view, resolved)
         await bulk.write(force=True)
     except BaseException:
         bulk.drop_in_flight()

@@ -386,3 +386,25 @@ def test_the_dashboard_lists_jobs(server: Server) -> None:
     }  # fmt: skip
     page = requests.get(f"{server.base}/dashboard", timeout=5).text
     assert '<table id="jobs">' in page and "renderJobs" in page
+
+
+def test_a_bulk_job_on_a_sharded_queue_answers_each_row_once(server: Server) -> None:
+    """slow_pair_sharded's queue is split over three shards: the job's rows spread over
+    them, each answered once with its own value (the job watches all three streams'
+    traffic for its fair share)."""
+    rows = [
+        {
+            "custom_id": f"row-{i}",
+            "inputs": [{"name": "IN", "shape": [1, 1], "datatype": "FP32", "data": [float(i)]}],
+            "outputs": [{"name": "OUT"}],
+        }
+        for i in range(120)
+    ]
+    body = ("\n".join(json.dumps(r) for r in rows) + "\n").encode()
+    job_id = submit(server.base, "slow_pair_sharded", body, headers=JSONL)
+    job = wait_state(server.base, job_id)
+    assert job["state"] == "SUCCESS", job
+    assert job["request_counts"] == {"total": 120, "completed": 120, "failed": 0}
+    output = lines(server.base, job_id, "output")
+    got = {line["custom_id"]: line["response"]["outputs"][0]["data"] for line in output}
+    assert got == {f"row-{i}": [float(i)] for i in range(120)}
