@@ -131,6 +131,16 @@ class StreamConsumer:
         home = groups.pop(self._home, None)
         self._groups = [home, *groups.values()] if home else list(groups.values())
 
+    def _read_command(
+        self, streams: Sequence[str], count: int, block_ms: int | None, own_pending: bool
+    ) -> tuple[object, ...]:
+        block = () if block_ms is None else ("BLOCK", max(1, block_ms))
+        start = "0" if own_pending else ">"
+        return (
+            "XREADGROUP", "GROUP", WORKER_GROUP, self.consumer, "COUNT", count, *block,
+            "STREAMS", *streams, *[start] * len(streams),
+        )  # fmt: skip
+
     def read(self, count: int, block_ms: int | None, own_pending: bool = False) -> list[Delivery]:
         """Take up to ``count`` new entries per stream.
 
@@ -169,16 +179,6 @@ class StreamConsumer:
         if self._by_arrival and len(deliveries) > 1:
             deliveries.sort(key=_arrival)
         return deliveries
-
-    def _read_command(
-        self, streams: Sequence[str], count: int, block_ms: int | None, own_pending: bool
-    ) -> tuple[object, ...]:
-        block = () if block_ms is None else ("BLOCK", max(1, block_ms))
-        start = "0" if own_pending else ">"
-        return (
-            "XREADGROUP", "GROUP", WORKER_GROUP, self.consumer, "COUNT", count, *block,
-            "STREAMS", *streams, *(start for _ in streams),
-        )  # fmt: skip
 
     def flush(self) -> None:
         """Send the deferred finish commands now (before a new execution, before stopping).
