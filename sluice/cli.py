@@ -3,7 +3,7 @@
 Flag names are Triton's where Triton has the flag (``--model-repository``,
 ``--http-port``, ``--model-control-mode``, ``--log-verbose``, ``--exit-on-error``,
 ``--strict-readiness``, ``--disable-auto-complete-config``, ``--model-config-name``,
-``--exit-timeout-secs``).
+``--exit-timeout-secs``); the parser and its flags: :mod:`sluice.cli_parser`.
 """
 
 from __future__ import annotations
@@ -13,114 +13,24 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
-from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-import pydantic
 import redis.exceptions
 
 from sluice.api import frontend_flags
-from sluice.api.gateway_args import (
-    add_gateway_arguments,
-    check_access_specs,
-    parse_bool,
-    settings_from_args,
-)
 from sluice.broker.deadline import exit_deadline
+from sluice.cli_parser import DEFAULT_REDIS_URL, build_parser
+from sluice.gateway_preflight import check_gateway_start
 from sluice.gpu_workers.processes import EXIT_GRACE_S
-from sluice.inert_flags import add_inert_arguments, warn_inert_flags
+from sluice.inert_flags import warn_inert_flags
 from sluice.repository.errors import RepositoryError
 from sluice.repository.mirror import open_repositories
 from sluice.supervisor.deployment_lease import DeploymentTaken
 from sluice.supervisor.supervisor import GatewayStartError
 
 logger = logging.getLogger("sluice")
-
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("serve", help="Redis (if needed) + a gateway + every model instance")
-    p.add_argument(
-        "--model-repository",
-        "--model-store",
-        dest="model_repository",
-        action="append",
-        required=True,
-        help="model repository: a folder, or s3://, gs://, as:// cloud storage (repeatable)",
-    )
-    p.add_argument("--http-address", default="0.0.0.0")
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument(
-        "--redis-url",
-        default=None,
-        help="Redis URL (SLUICE_REDIS_URL / SLUICE_REDIS__URL; default "
-        f"{DEFAULT_REDIS_URL}, or a private redis-server when none answers)",
-    )
-    p.add_argument("--key-prefix", default=os.environ.get("SLUICE_REDIS__KEY_PREFIX", "sluice:"))
-    p.add_argument("--model-control-mode", default="none", choices=["none", "poll", "explicit"])
-    p.add_argument(
-        "--load-model",
-        action="append",
-        default=[],
-        help="explicit mode: a model to load at start (repeatable; '*' = all)",
-    )
-    p.add_argument(
-        "--gateway-processes",
-        type=_positive,
-        default=1,
-        help="gateway processes sharing the HTTP/gRPC ports (SO_REUSEPORT)",
-    )
-    p.add_argument(
-        "--repository-poll-secs",
-        type=float,
-        default=15.0,
-        help="poll mode: seconds between repository scans",
-    )
-    p.add_argument("--exit-on-error", type=parse_bool, default=True)
-    p.add_argument("--strict-readiness", type=parse_bool, default=True)
-    p.add_argument("--disable-auto-complete-config", action="store_true")
-    p.add_argument(
-        "--strict-model-config",
-        type=parse_bool,
-        default=None,
-        help="older spelling of --disable-auto-complete-config",
-    )
-    p.add_argument("--model-config-name", default=None)
-    p.add_argument("--exit-timeout-secs", type=float, default=30.0)
-    p.add_argument(
-        "--request-timeout-secs",
-        type=float,
-        default=60.0,
-        help="longest wait for a response when the client sets none",
-    )
-    p.add_argument(
-        "--job-workers",
-        type=_count,
-        default=1,
-        help="job worker processes for the async job API (0: none; see 'sluice jobs')",
-    )
-    p.add_argument("--log-verbose", type=int, default=0)
-    p.add_argument(
-        "--start-gateway",
-        type=parse_bool,
-        default=True,
-        help="start the gateway process(es); false: 'sluice gateway' processes started "
-        "apart (containers) serve the front ends",
-    )
-    p.add_argument(
-        "--start-instances",
-        type=parse_bool,
-        default=True,
-        help="start one process per model instance; false: the models are published and "
-        "'sluice worker' processes started apart (containers) serve them "
-        "(--model-control-mode=none only)",
-    )
-    frontend_flags.add_frontend_arguments(p)
-    add_inert_arguments(p)
 
 
 def _resolve_redis(url: str | None) -> tuple[str, object | None]:
@@ -309,127 +219,6 @@ def _stop_private_redis(process: object | None) -> None:
 
     if process is not None:
         stop_private_redis(process)  # type: ignore[arg-type]
-
-
-def check_gateway_start(argv: list[str]) -> str | None:
-    """Why a gateway started with ``argv`` would fail at once, or None.
-
-    Checked before anything starts, so a bad flag or a taken port ends ``sluice serve``
-    with one line instead of a gateway restarted in a loop: the flags are validated as
-    the gateway validates them, and every port it will listen on must be free. A port
-    another server holds with ``SO_REUSEPORT`` (``--gateway-processes`` > 1) counts as
-    taken, so two servers never split one port's traffic.
-    """
-    parser = argparse.ArgumentParser(prog="sluice gateway")
-    add_gateway_arguments(parser)
-    try:
-        settings = settings_from_args(parser.parse_args(argv))
-        check_access_specs(settings)
-    except pydantic.ValidationError as exc:
-        errors = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-        )
-        return f"invalid gateway settings: {errors}"
-    except ValueError as exc:
-        return f"invalid gateway settings: {exc}"
-    listeners = [("HTTP", settings.http.address, settings.http.port)]
-    if settings.grpc.enabled:
-        listeners.append(("gRPC", settings.grpc.address, settings.grpc.port))
-    if settings.metrics.enabled:
-        address = settings.metrics.address or settings.http.address
-        listeners.append(("metrics", address, settings.metrics.port))
-    for index, (what, address, port) in enumerate(listeners):
-        for other, other_address, other_port in listeners[:index]:
-            if port and port == other_port and _overlap(address, other_address):
-                return (
-                    f"the {other} and {what} ports are both {port} on {address}: each "
-                    "listener needs a port of its own"
-                )
-    for what, address, port in listeners:
-        if port and not port_is_free(address, port):
-            reason = f"the {what} port {port} on {address} is in use by another process"
-            low, high = ephemeral_port_range()
-            if low <= port <= high:
-                reason += (
-                    f" or connection (it lies in this machine's range for the local ports of "
-                    f"outgoing connections, {low}-{high}: a port outside it is never taken "
-                    "by one)"
-                )
-            return reason
-    return None
-
-
-def _overlap(first: str, second: str) -> bool:
-    """Whether listeners on these two addresses would take the same port (the same
-    address, or either a wildcard)."""
-    wildcards = ("0.0.0.0", "::", "")
-    return first == second or first in wildcards or second in wildcards
-
-
-def ephemeral_port_range() -> tuple[int, int]:
-    """The kernel's range for the local ports of outgoing TCP connections (Linux
-    ``net.ipv4.ip_local_port_range``; (0, -1) where unknown)."""
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 0, -1
-
-
-def port_is_free(address: str, port: int) -> bool:
-    """Whether a TCP listener could bind ``address:port`` (no other socket holds it)."""
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((address, port))
-        except OSError:
-            return False
-    return True
-
-
-def _count(text: str) -> int:
-    """argparse type: a whole number ≥ 0."""
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got '{text}'")
-    return int(text)
-
-
-def _positive(text: str) -> int:
-    """argparse type: a whole number ≥ 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got '{text}'") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got '{text}'")
-    return value
-
-
-class _OneLineErrors(argparse.ArgumentParser):
-    """A parser whose flag errors are one line (and exit code 2), not the usage text:
-    the error names the flag and its rule; ``--help`` shows the rest."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``sluice`` parser with its ``serve``, ``gateway``, ``worker`` and ``jobs``
-    commands (``worker`` and ``jobs`` parse their own flags: they are left over here)."""
-    parser = _OneLineErrors(
-        prog="sluice",
-        description="Triton-compatible inference server whose requests travel through Redis",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    _serve_parser(sub)
-    gateway = sub.add_parser("gateway", help="one stateless HTTP + gRPC gateway")
-    add_gateway_arguments(gateway)
-    sub.add_parser("worker", help="one model instance (see 'sluice worker --help')", add_help=False)
-    sub.add_parser(
-        "jobs", help="a job worker for async jobs (see 'sluice jobs --help')", add_help=False
-    )
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

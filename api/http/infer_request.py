@@ -2,7 +2,8 @@
 
 Pure functions, no I/O. Rules and Triton's texts: docs/reference/http-protocol.md
 (Inference, Binary tensor data extension); Triton ``src/http_server.cc``
-(``HTTPAPIServer::InferRequestClass``, ``ReadDataFromJson``). Inputs come out in the wire
+(``HTTPAPIServer::InferRequestClass``, ``ReadDataFromJson``); the ``inputs`` and
+``outputs`` lists: :mod:`api.http.request_tensors`. Inputs come out in the wire
 layout of :class:`broker.messages.WireTensor` (raw little-endian bytes; ``BYTES`` as
 4-byte length-prefixed elements), so nothing is re-encoded later.
 
@@ -20,29 +21,19 @@ from dataclasses import dataclass
 import orjson
 import rapidjson
 
-from sluice.api.http.json_tensors import NOT_BOOL, NOT_STRING, NOT_UINT, json_to_wire, unable
-from sluice.api.parameters import (
-    check_datatype,
-    check_request_parameters,
-    duplicate_tensor,
-    extra_input_data,
-    is_uint,
-)
-from sluice.api.shm_tensors import SHM_KEYS, ShmRef, ShmTensors, http_shm_output, http_shm_ref
+from sluice.api.http.json_tensors import NOT_STRING
+from sluice.api.http.request_tensors import parse_inputs, parse_outputs
+from sluice.api.parameters import check_request_parameters
+from sluice.api.shm_tensors import ShmRef, ShmTensors
 from sluice.broker.datatypes import ELEMENT_SIZES, serialize_bytes
 from sluice.broker.errors import invalid_arg
 from sluice.broker.messages import ParameterValue, RequestedOutput, WireTensor
-from sluice.broker.request_checks import TensorSpec, negative_shape
+from sluice.broker.request_checks import TensorSpec
 
 __all__ = ["BinaryLayout", "HttpInferRequest", "parse_infer_request", "parse_with_layout"]
 
 #: python-rapidjson's parse error text: offset, then rapidjson's reason
 _RAPIDJSON_ERROR = re.compile(r"Parse error at offset (\d+): (.*)", re.DOTALL)
-
-_ONE_OF_MESSAGE = (
-    "Input must set only one of the following fields: 'data', 'binary_data_size' in "
-    "'parameters', 'shared_memory_region' in 'parameters'"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,8 +179,8 @@ def parse_with_layout(
     parameters, binary_data_output = _parse_request_parameters(document.get("parameters"), model)
     shm_in: dict[str, ShmRef] = {}
     shm_out: dict[str, ShmRef] = {}
-    inputs, sizes = _parse_inputs(document.get("inputs"), view, header_length, model, shm_in)
-    outputs = _parse_outputs(document.get("outputs"), binary_data_output, model, shm_out)
+    inputs, sizes = parse_inputs(document.get("inputs"), view, header_length, model, shm_in)
+    outputs = parse_outputs(document.get("outputs"), binary_data_output, model, shm_out)
     request = HttpInferRequest(
         client_id=client_id,
         inputs=inputs,
@@ -328,127 +319,3 @@ def _parse_request_parameters(raw: object, model: str) -> tuple[dict[str, Parame
             model=model,
         )
     return check_request_parameters(raw.items(), model)
-
-
-def _parse_inputs(
-    raw: object, view: memoryview, header_length: int, model: str, shm: dict[str, ShmRef]
-) -> tuple[tuple[WireTensor, ...], tuple[int, ...] | None]:
-    """Read every input; binary ones take consecutive chunks after the JSON, those in
-    shared memory get empty data and their place in ``shm``. Also returns each input's
-    ``binary_data_size`` (0 in shared memory) when no input is JSON, else None."""
-    if not isinstance(raw, list):
-        raise invalid_arg(
-            f"Unable to parse 'inputs' for model '{model}': expected a JSON array", model=model
-        )
-    offset = header_length
-    seen: set[str] = set()
-    tensors: list[WireTensor] = []
-    sizes: list[int] | None = []
-    for item in raw:
-        if not isinstance(item, dict):
-            raise invalid_arg(
-                f"Unable to parse 'inputs' for model '{model}': expected an array of objects",
-                model=model,
-            )
-        name = item.get("name")
-        if not isinstance(name, str):
-            raise invalid_arg(
-                f"Unable to parse 'name' for an input of model '{model}': {NOT_STRING}",
-                model=model,
-            )
-        if name in seen:
-            raise duplicate_tensor("input", name, model)
-        seen.add(name)
-        shape = _parse_shape(item.get("shape"), name, model)
-        datatype = item.get("datatype")
-        if not isinstance(datatype, str):
-            raise unable("datatype", name, model, NOT_STRING)
-        check_datatype(datatype, name, model)
-
-        params = item.get("parameters", {})
-        if not isinstance(params, dict):
-            raise unable("parameters", name, model, "expected a JSON object")
-        has_data = "data" in item
-        has_binary = "binary_data_size" in params
-        has_shm = "shared_memory_region" in params
-        if has_data + has_binary + has_shm != 1:
-            raise invalid_arg(
-                f"{_ONE_OF_MESSAGE} (input '{name}' of model '{model}')", model=model, tensor=name
-            )
-        if has_shm:
-            shm[name] = http_shm_ref(params, name, model, "input")  # type: ignore[assignment]
-            data = b""  # read from its region later; no bytes in the body (a layout's 0)
-            if sizes is not None:
-                sizes.append(0)
-        elif has_binary:
-            size = params["binary_data_size"]
-            if not is_uint(size):
-                raise unable("binary_data_size", name, model, NOT_UINT)
-            available = len(view) - offset
-            if size > available:
-                raise invalid_arg(
-                    f"unexpected size for input '{name}', expecting {size - available} "
-                    f"additional bytes for model '{model}'",
-                    model=model,
-                    tensor=name,
-                )
-            data = bytes(view[offset : offset + size])
-            offset += size
-            if sizes is not None:
-                sizes.append(size)
-        else:
-            data = json_to_wire(item["data"], datatype, shape, name, model)
-            sizes = None
-        tensors.append(WireTensor(name=name, datatype=datatype, shape=shape, data=data))
-    if offset != len(view):
-        raise extra_input_data(model)
-    return tuple(tensors), None if sizes is None else tuple(sizes)
-
-
-def _parse_shape(raw: object, name: str, model: str) -> tuple[int, ...]:
-    if not isinstance(raw, list) or not all(is_uint(dim) for dim in raw):
-        raise negative_shape(name, model)
-    return tuple(raw)
-
-
-def _parse_outputs(
-    raw: object, binary_data_output: bool, model: str, shm: dict[str, ShmRef]
-) -> tuple[RequestedOutput, ...]:
-    """Read the ``outputs`` list; each output's ``binary_data`` beats the request default;
-    those in shared memory get their place in ``shm``."""
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise invalid_arg(
-            f"Unable to parse 'outputs' for model '{model}': expected a JSON array", model=model
-        )
-    seen: set[str] = set()
-    outputs: list[RequestedOutput] = []
-    for item in raw:
-        if not isinstance(item, dict):
-            raise invalid_arg(
-                f"Unable to parse 'outputs' for model '{model}': expected an array of objects",
-                model=model,
-            )
-        name = item.get("name")
-        if not isinstance(name, str):
-            raise invalid_arg(
-                f"Unable to parse 'name' for an output of model '{model}': {NOT_STRING}",
-                model=model,
-            )
-        if name in seen:
-            raise duplicate_tensor("output", name, model)
-        seen.add(name)
-        params = item.get("parameters", {})
-        if not isinstance(params, dict):
-            raise unable("parameters", name, model, "expected a JSON object", kind="output")
-        if any(key in params for key in SHM_KEYS):
-            shm[name] = http_shm_output(params, name, model)
-        binary = params.get("binary_data", binary_data_output)
-        if not isinstance(binary, bool):
-            raise unable("binary_data", name, model, NOT_BOOL, kind="output")
-        class_count = params.get("classification", 0)
-        if not is_uint(class_count):
-            raise unable("classification", name, model, NOT_UINT, kind="output")
-        outputs.append(RequestedOutput(name=name, binary=binary, class_count=class_count))
-    return tuple(outputs)

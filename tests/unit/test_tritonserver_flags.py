@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.cli import build_parser
+from sluice.cli_parser import build_parser
 from sluice.inert_flags import INERT_FLAGS, warn_inert_flags
 
 FLAGS = Path(__file__).resolve().parents[1] / "assets" / "tritonserver-2.51-flags.txt"
