@@ -28,7 +28,7 @@ from sluice.inert_flags import warn_inert_flags
 from sluice.repository.errors import RepositoryError
 from sluice.repository.mirror import open_repositories
 from sluice.supervisor.deployment_lease import DeploymentTaken
-from sluice.supervisor.supervisor import GatewayStartError
+from sluice.supervisor.gateways import GatewayStartError
 
 logger = logging.getLogger("sluice")
 

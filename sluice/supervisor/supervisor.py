@@ -7,6 +7,9 @@ process per model instance; loads models by the model control mode (Triton's
 restarts a gateway or an instance that dies; on SIGINT/SIGTERM stops every
 child within ``exit_timeout_s`` (then kills it), so no process is left behind.
 Children also get SIGTERM if the supervisor itself dies (``PR_SET_PDEATHSIG``).
+
+The gateway processes: :mod:`sluice.supervisor.gateways`; the control commands:
+:mod:`sluice.supervisor.control_commands`.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import socket
 import subprocess
 import threading
@@ -25,41 +27,27 @@ from pathlib import Path
 import redis
 
 from sluice.broker.cluster import sync_client
-from sluice.broker.codec import CodecError
-from sluice.broker.control import (
-    answer,
-    decode_command,
-    ensure_control_group,
-    read_commands,
-)
+from sluice.broker.control import ensure_control_group
 from sluice.broker.deadline import exit_deadline
-from sluice.broker.errors import ErrorCode, SluiceError, stream_gone
 from sluice.broker.keys import KeySchema
-from sluice.broker.messages import ErrorInfo
 from sluice.broker.model_store import ModelStore
 from sluice.broker.outage import OutageLog
 from sluice.broker.redis_server import restart_private_redis
 from sluice.gpu_workers.processes import EXIT_GRACE_S, Spawner, terminate
+from sluice.supervisor.control_commands import ControlCommands
 from sluice.supervisor.deployment_lease import DeploymentLease
+from sluice.supervisor.gateways import Gateways
 from sluice.supervisor.job_workers import JobWorkers
-from sluice.supervisor.model_manager import LoadError, ManagerOptions, ModelManager
+from sluice.supervisor.model_manager import ManagerOptions, ModelManager
 
 logger = logging.getLogger(__name__)
 
 #: how often the watch loop looks at its children and the control stream, in ms.
 WATCH_MS = 200
-#: a gateway that exits within this many seconds of its start failed to start, in s.
-GATEWAY_SETTLED_S = 10.0
 #: an instance that ran this long before it died is restarted without backoff, in s.
 INSTANCE_SETTLED_S = 10.0
 #: how often the supervisor checks that Redis still holds the deployment's state, in s.
 STATE_CHECK_S = 1.0
-#: consecutive failed starts of one gateway after which ``sluice serve`` gives up.
-GATEWAY_START_ATTEMPTS = 3
-
-
-class GatewayStartError(RuntimeError):
-    """A gateway process keeps exiting right after it starts (a port taken, a bad flag)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +113,10 @@ class Supervisor:
             self.spawner,
         )
         #: none with --start-gateway=false (gateway_processes 0)
-        self.gateways: list[subprocess.Popen[bytes] | None] = [None] * options.gateway_processes
+        self.gateways = Gateways(self.spawner, options.gateway_processes, self.gateway_argv())
+        self.commands = ControlCommands(
+            self.client, self.keys.control(), self.manager, options.model_control_mode
+        )
         self.job_workers = JobWorkers(
             self.spawner, options.job_workers, options.log_verbose, options.redis_url
         )
@@ -138,7 +129,6 @@ class Supervisor:
         #: of the user's): started again at the same socket when it dies
         self.private_redis: subprocess.Popen[bytes] | None = None
         self._redis_retry_s = self._redis_retry_at = 0.0  # backoff of failed restarts
-        self._control_outage = OutageLog(logger, "control stream")
         self._state_outage = OutageLog(logger, "deployment state check")
 
     # -- start-up --------------------------------------------------------------------------
@@ -167,8 +157,7 @@ class Supervisor:
 
     def start_gateways(self) -> None:
         """Start every gateway process (HTTP and gRPC front ends) and job worker."""
-        for index in range(len(self.gateways)):
-            self._start_gateway(index)
+        self.gateways.start()
         self.job_workers.start()
 
     def gateway_argv(self) -> list[str]:
@@ -189,11 +178,6 @@ class Supervisor:
             str(o.exit_timeout_s),
             *o.gateway_args,
         ]
-
-    def _start_gateway(self, index: int) -> None:
-        self.gateways[index] = self.spawner.spawn(
-            ["-m", "sluice.api.gateway", *self.gateway_argv()]
-        )
 
     def load_startup_models(self) -> list[str]:
         """Load what the model control mode loads at start (Triton 5.13).
@@ -224,8 +208,7 @@ class Supervisor:
 
     def watch(self) -> None:
         """Serve control commands, poll, restart dead children; return when asked to stop."""
-        restarts = [0] * len(self.gateways)
-        started = [time.monotonic()] * len(self.gateways)
+        self.gateways.begin_watch()
         next_poll = time.monotonic() + self.options.repository_poll_s
         next_check = time.monotonic() + STATE_CHECK_S
         while not self._stopping:
@@ -233,31 +216,13 @@ class Supervisor:
                 next_check = time.monotonic() + STATE_CHECK_S
                 self._restart_private_redis_if_dead()
                 self._republish_if_lost()
-            for index, gateway in enumerate(self.gateways):
-                if gateway is None or gateway.poll() is None:
-                    continue
-                if time.monotonic() - started[index] >= GATEWAY_SETTLED_S:
-                    restarts[index] = 0  # it ran a while: a crash, not a start-up failure
-                elif restarts[index] >= GATEWAY_START_ATTEMPTS - 1:
-                    raise GatewayStartError(
-                        f"gateway {index} exited with code {gateway.returncode} within "
-                        f"{GATEWAY_SETTLED_S:.0f} s of each of {GATEWAY_START_ATTEMPTS} starts; "
-                        "see its log lines above"
-                    )
-                delay = min(30.0, 0.5 * 2 ** min(restarts[index], 6))
-                if time.monotonic() - started[index] >= delay:
-                    logger.error(
-                        "gateway %d exited with code %s; restarting", index, gateway.returncode
-                    )
-                    restarts[index] += 1
-                    started[index] = time.monotonic()
-                    self._start_gateway(index)
+            self.gateways.restart_dead()
             self._restart_dead_instances()
             self.job_workers.restart_dead()
             if self.options.model_control_mode == "poll" and time.monotonic() >= next_poll:
                 self.manager.poll()
                 next_poll = time.monotonic() + self.options.repository_poll_s
-            self._serve_commands()
+            self.commands.serve(WATCH_MS)
 
     def _restart_private_redis_if_dead(self) -> None:
         """Start the private redis-server again, on the same socket, when it exited (killed,
@@ -333,49 +298,6 @@ class Supervisor:
             instance.restarts += 1
             self.spawner.start_instance(instance)
 
-    def _serve_commands(self) -> None:
-        stream = self.keys.control()
-        try:
-            commands = read_commands(self.client, stream, WATCH_MS)
-        except redis.exceptions.RedisError as exc:
-            if stream_gone(exc):
-                # the control stream went with Redis's data (FLUSHALL, a restart without
-                # it): not an outage; the group is created again (the state within 1 s)
-                with contextlib.suppress(redis.exceptions.RedisError):
-                    ensure_control_group(self.client, stream)
-                return
-            self._control_outage.failed(exc)
-            time.sleep(WATCH_MS / 1000)
-            return
-        self._control_outage.ok()
-        for entry_id, payload in commands:
-            try:
-                command = decode_command(payload)
-            except CodecError:
-                logger.exception("dropping an undecodable control command")
-                self.client.xack(stream, "supervisor", entry_id)
-                self.client.xdel(stream, entry_id)
-                continue
-            error: ErrorInfo | None = None
-            try:
-                if self.options.model_control_mode != "explicit":
-                    raise SluiceError(
-                        ErrorCode.UNAVAILABLE,
-                        "explicit model load / unload is not allowed if polling is enabled",
-                    )
-                if command.op == "load":
-                    self.manager.load(command.model, command.config_json, command.files)
-                elif command.op == "unload":
-                    self.manager.unload(command.model, command.unload_dependents)
-                else:
-                    raise SluiceError(ErrorCode.INVALID_ARG, f"unknown control op '{command.op}'")
-            except (LoadError, SluiceError) as exc:
-                error = ErrorInfo(exc.code.value, exc.message)
-            except Exception as exc:
-                logger.exception("control command %s for '%s' failed", command.op, command.model)
-                error = ErrorInfo("INTERNAL", f"failed to {command.op} '{command.model}': {exc}")
-            answer(self.client, stream, entry_id, command, error)
-
     @property
     def stop_requested(self) -> bool:
         """Whether a signal (:meth:`request_stop`) or :meth:`shutdown` asked this
@@ -399,9 +321,7 @@ class Supervisor:
             return
         self._gateways_signalled = True
         self.job_workers.signal()  # their running jobs go back on the queue
-        for gateway in self.gateways:
-            if gateway is not None and gateway.poll() is None:
-                gateway.send_signal(signal.SIGTERM)
+        self.gateways.signal()
 
     def _arm_exit_deadline(self) -> None:
         """Start, once, the thread that ends ``sluice serve`` when the shutdown has not
@@ -423,7 +343,7 @@ class Supervisor:
 
     def _kill_what_is_left(self) -> None:
         """SIGKILL the gateways, the instances and the private redis-server still running."""
-        processes = [g for g in self.gateways if g is not None] + self.job_workers.running()
+        processes = self.gateways.started() + self.job_workers.running()
         processes += [i.process for i in list(self.manager.instances()) if i.process]
         if self.private_redis is not None:
             processes.append(self.private_redis)
@@ -453,8 +373,7 @@ class Supervisor:
                 [i.process for i in self.manager.instances() if i.process],
                 self.options.exit_timeout_s,
             )
-        gateways = [g for g in self.gateways if g is not None]
-        terminate(gateways + self.job_workers.running(), self.options.exit_timeout_s)
+        terminate(self.gateways.started() + self.job_workers.running(), self.options.exit_timeout_s)
         self.lease.release()
         self.client.close()
         self._shutdown_done.set()
