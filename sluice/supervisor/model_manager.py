@@ -17,69 +17,42 @@ in Redis so that every gateway answers alike:
   their streams are empty, stops the instances, and answers anything left with
   an error; the versions end UNAVAILABLE with reason ``unloaded``.
 
-Where a load's files come from: :mod:`sluice.supervisor.model_source`; starting,
+The two steps of one load (prepare, then finish or roll back):
+:mod:`sluice.supervisor.load_steps`; where a load's files come from:
+:mod:`sluice.supervisor.model_source`; starting,
 awaiting and retiring a generation's instances: :mod:`sluice.supervisor.generations`.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
 import redis
 from google.protobuf import json_format
 
-from sluice.broker.errors import ErrorCode, SluiceError
 from sluice.broker.keys import KeySchema
 from sluice.broker.model_store import ModelStore, VersionState
 from sluice.broker.scheduling import stream_layout
 from sluice.broker.states import InstanceState, ModelState
-from sluice.broker.stats_store import reset_version_stats
-from sluice.gpu_workers.backends.registry import auto_complete, gpu_available
-from sluice.gpu_workers.device import gpu_ids
-from sluice.gpu_workers.processes import HAND_OVER_SIGNAL, Instance, Spawner, terminate
-from sluice.repository import (
-    ModelSource,
-    RepositoryError,
-    ScanResult,
-    config_from_json,
-    load_model_config,
-    scan_repositories,
-    version_directories,
-)
+from sluice.gpu_workers.processes import Instance, Spawner, terminate
+from sluice.repository import ScanResult, scan_repositories
 from sluice.repository.ensemble import is_ensemble_config
 from sluice.supervisor.ensembles import Deferred, EnsembleLoads
 from sluice.supervisor.generations import Generations, LoadedModel, own_record
+from sluice.supervisor.load_steps import LoadSteps, ManagerOptions
 from sluice.supervisor.model_source import (
     LoadError,
     discard,
     duplicate_reason,
     repository_index,
     source_fingerprint,
-    stage_source,
-    unsupported_feature,
 )
 from sluice.supervisor.removed_versions import mark_removed_versions
 
 __all__ = ["LoadError", "LoadedModel", "ManagerOptions", "ModelManager"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class ManagerOptions:
-    """Repository and load settings (Triton's flag names in comments)."""
-
-    repositories: tuple[Path, ...]  # --model-repository
-    strict_model_config: bool = False  # --disable-auto-complete-config
-    model_config_name: str | None = None  # --model-config-name
-    load_timeout_s: float = 300.0
-    drain_timeout_s: float = 30.0  # --exit-timeout-secs
-    start_instances: bool = True  # False: no instance processes (`sluice worker`s apart)
 
 
 class ModelManager:
@@ -106,6 +79,10 @@ class ModelManager:
         self.loaded: dict[str, LoadedModel] = {}
         self._failed: dict[str, str] = {}  # name -> fingerprint of the files that failed
         self._ensembles = EnsembleLoads(self.loaded)
+        self._steps = LoadSteps(
+            options, client, keys, self._store, self._generations, self._ensembles,
+            self.loaded, self._failed,
+        )  # fmt: skip
         self.stopping = False
 
     # -- repository -------------------------------------------------------------------------
@@ -167,7 +144,7 @@ class ModelManager:
         try:
             for name in names:
                 try:
-                    model = self._prepare(name, scan, "", {})
+                    model = self._steps.prepare(name, scan, "", {}, self._load_composing)
                     if model is not None:
                         started.append((model, sorted(model.versions)))
                 except Deferred:
@@ -178,7 +155,7 @@ class ModelManager:
             self._ensembles.defer = False
         for model, _versions in started:
             try:
-                self._finish_load(model, previous=None)
+                self._steps.finish(model, None, self._is_stopping)
             except LoadError as exc:
                 failures.append(exc.message)
         for name in deferred:
@@ -214,10 +191,10 @@ class ModelManager:
         """
         scan = self.scan()
         previous = self.loaded.get(name)
-        model = self._prepare(name, scan, config_json, files or {})
+        model = self._steps.prepare(name, scan, config_json, files or {}, self._load_composing)
         if model is None:
             return
-        self._finish_load(model, previous)
+        self._steps.finish(model, previous, self._is_stopping)
         if explicit:
             self._ensembles.explicit.add(name)
         if model.temp_dir is not None:
@@ -225,128 +202,12 @@ class ModelManager:
         if previous is not None:
             self._recheck_dependents(name)
 
-    def _prepare(
-        self, name: str, scan: ScanResult, config_json: str, files: dict[str, bytes]
-    ) -> LoadedModel | None:
-        """Complete the config and start the new instances; None when nothing changed."""
-        started = time.monotonic()
-        load_id = uuid.uuid4().hex[:16]
-        previous = self.loaded.get(name)
-        source, temp = stage_source(name, scan, files, config_json)
-        fingerprint = source_fingerprint(source.path, config_json)
-        if previous is not None and previous.fingerprint == fingerprint and not config_json:
-            return None  # Triton: a load of an unchanged model is a no-op
-        try:
-            override = config_from_json(config_json) if config_json else None
-            loaded = load_model_config(
-                source,
-                autocomplete=None if self.options.strict_model_config else auto_complete,
-                config_name=self.options.model_config_name,
-                gpu_ids=gpu_ids(),
-                gpu_backend=gpu_available,
-                strict=self.options.strict_model_config,
-                config_override=override,
-            )
-            if is_ensemble_config(loaded.config):
-                self._ensembles.check(
-                    loaded.config, lambda m: self.load(m, explicit=False), scan.models.__contains__
-                )
-        except (RepositoryError, SluiceError, ValueError) as exc:
-            reason = str(exc) or type(exc).__name__
-            self._record_failure(name, source, previous, reason, fingerprint)
-            discard(temp)
-            raise LoadError(
-                ErrorCode.INVALID_ARG, f"load failed for model '{name}': {reason}", model=name
-            ) from exc
-        unsupported = unsupported_feature(loaded.config)
-        if unsupported:
-            reason = f"{unsupported} is not supported by Sluice yet"
-            self._record_failure(name, source, previous, reason, fingerprint)
-            discard(temp)
-            raise LoadError(
-                ErrorCode.INVALID_ARG, f"load failed for model '{name}': {reason}", model=name
-            )
-        generation = previous.generation + 1 if previous is not None else 1
-        model = LoadedModel(
-            name,
-            source,
-            fingerprint,
-            loaded.config,
-            generation,
-            overridden=bool(config_json),
-            temp_dir=temp,
-            load_started=started,
-            load_id=load_id,
-        )
-        config_key = self._keys.staged_config(name, generation)
-        self._redis.set(config_key, json_format.MessageToJson(loaded.config))
-        if previous is None:
-            self._store.publish_config(name, json_format.MessageToJson(loaded.config))
-        for version in loaded.versions:
-            if previous is None or version not in previous.versions:
-                # a new load starts from zero, as Triton's new model (not a reload of a
-                # version that keeps serving meanwhile)
-                reset_version_stats(self._redis, self._keys, name, version)
-                self._store.set_state(name, version, VersionState(ModelState.LOADING))
-            if not is_ensemble_config(loaded.config):
-                self._generations.ensure_groups(name, version, loaded.config)
-            model.versions[version] = self._generations.start_version(model, version, config_key)
-        return model
+    def _load_composing(self, name: str) -> None:
+        """Load ``name`` as an ensemble's composing model (not asked for by itself)."""
+        self.load(name, explicit=False)
 
-    def _finish_load(self, model: LoadedModel, previous: LoadedModel | None) -> None:
-        """Wait for the new instances; publish and retire the old ones, or roll back."""
-        reasons = {
-            v: self._generations.await_ready(instances, lambda: self.stopping)
-            for v, instances in model.versions.items()
-        }
-        failed = {v: r for v, r in reasons.items() if r is not None}
-        if failed:
-            for instances in model.versions.values():
-                terminate([i.process for i in instances if i.process], 10)
-            # the next load reuses this generation's instance names: their records (state
-            # UNAVAILABLE with this failure's reason) must not answer for the new processes
-            self._generations.forget(model)
-            reason = next(iter(failed.values())) or "load failed"
-            for version in model.versions:
-                if previous is None or version not in previous.versions:
-                    self._store.set_state(
-                        model.name,
-                        version,
-                        VersionState(ModelState.UNAVAILABLE, failed.get(version) or reason),
-                    )
-            self._failed[model.name] = model.fingerprint
-            discard(model.temp_dir)
-            raise LoadError(
-                ErrorCode.INVALID_ARG,
-                f"load failed for model '{model.name}': {reason}",
-                model=model.name,
-            )
-        self._store.publish_config(model.name, json_format.MessageToJson(model.config))
-        model.load_s = round(time.monotonic() - model.load_started, 6)
-        for version in model.versions:
-            self._store.set_state(
-                model.name,
-                version,
-                VersionState(ModelState.READY, load_s=model.load_s, load_id=model.load_id),
-            )
-            count = len(model.versions[version])
-            how = f"{count} instances" if self.options.start_instances else "instances apart"
-            logger.info("model '%s' version %d is READY (%s)", model.name, version, how)
-        self.loaded[model.name] = model
-        self._failed.pop(model.name, None)
-        if previous is not None:
-            gone = [v for v in previous.versions if v not in model.versions]
-            self._generations.retire(previous, gone, drain=True)
-            kept = {v: i for v, i in previous.versions.items() if v in model.versions}
-            for instances in kept.values():
-                terminate(
-                    [i.process for i in instances if i.process],
-                    self.options.drain_timeout_s,
-                    HAND_OVER_SIGNAL,
-                )
-            self._generations.forget(previous)
-            if previous.temp_dir != model.temp_dir:
-                discard(previous.temp_dir)
+    def _is_stopping(self) -> bool:
+        return self.stopping
 
     def died_serving(self, instance: Instance) -> bool:
         """Whether a dead instance had reported READY (its own process, by pid) and still
@@ -370,21 +231,6 @@ class ModelManager:
             return instance.name in self._generations.pending_owners(layout.streams())
         except redis.exceptions.RedisError:
             return False
-
-    def _record_failure(
-        self,
-        name: str,
-        source: ModelSource,
-        previous: LoadedModel | None,
-        reason: str,
-        fingerprint: str,
-    ) -> None:
-        logger.error("failed to load model '%s': %s", name, reason)
-        self._failed[name] = fingerprint
-        if previous is not None:
-            return  # a failed reload leaves the old model serving
-        for version in version_directories(source.path) or [1]:
-            self._store.set_state(name, version, VersionState(ModelState.UNAVAILABLE, reason))
 
     # -- unload -----------------------------------------------------------------------------
 
