@@ -11,7 +11,8 @@ another process.
 A request whose queue timeout passed (REJECT) or whose deadline passed is
 answered with UNAVAILABLE "Request timeout expired" and not executed; one whose
 deadline passed while it executed gets the same answer and counts as a failure
-(reason REJECTED), as its client was already told so by the gateway.
+(reason REJECTED), as its client was already told so by the gateway. Running a batch
+and answering it: :mod:`gpu_workers.execution`.
 """
 
 from __future__ import annotations
@@ -25,23 +26,17 @@ import redis.exceptions
 
 from sluice.batching import Batch
 from sluice.broker.consumer import Delivery, StreamConsumer
-from sluice.broker.errors import BROKER_OUTAGE, TIMEOUT_TEXT, FailureReason, stream_gone
-from sluice.broker.messages import InferResponseMessage
+from sluice.broker.errors import BROKER_OUTAGE, stream_gone
 from sluice.broker.outage import OutageLog
 from sluice.broker.request_checks import RequestRules
 from sluice.broker.scheduling import ShapeKeys, StreamLayout
-from sluice.broker.stats_store import ExecutionTimes, StatsShard
+from sluice.broker.stats_store import StatsShard
 from sluice.gpu_workers.accounting import Accounting
 from sluice.gpu_workers.answers import Answers
-from sluice.gpu_workers.backends.base import Backend, InferError, InferRequest, InferResponse
-from sluice.gpu_workers.batch_assembly import (
-    BatchAssembly,
-    Failure,
-    backend_requests,
-    split_late,
-)
+from sluice.gpu_workers.backends.base import Backend
+from sluice.gpu_workers.batch_assembly import BatchAssembly, Failure
+from sluice.gpu_workers.execution import Execution
 from sluice.gpu_workers.sequence_assembly import SequenceAssembly
-from sluice.gpu_workers.tracing import record_traced
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +76,8 @@ class InstanceLoop:
         rules: the instance's config checks: a request that a gateway checked against
             another load (``InferRequestMessage.load_id``, during a reload) is checked
             again against them and refused with their error (None: not checked).
+        sequences: a model with sequence batching: its steps, controls and state (None:
+            dynamic batching or the default scheduler).
     """
 
     def __init__(
@@ -98,19 +95,24 @@ class InstanceLoop:
         sequences: SequenceAssembly | None = None,
     ) -> None:
         self._consumer = consumer
-        self._backend = backend
         self._model = layout.model
         self._clock = clock
-        self._answers = Answers(layout.model, layout.version, load_id, output_datatypes, batching)
-        #: a model with sequence batching: its steps, controls and state (None: dynamic
-        #: batching or the default scheduler)
-        self._sequences = sequences
         self._assembly: BatchAssembly | SequenceAssembly = (
             BatchAssembly(layout, shape_keys, batching, load_id, rules)
             if sequences is None
             else sequences
         )
         self._accounts = Accounting(layout, stats)
+        self._execution = Execution(
+            consumer,
+            backend,
+            layout.model,
+            clock,
+            Answers(layout.model, layout.version, load_id, output_datatypes, batching),
+            self._accounts,
+            self._assembly,
+            sequences,
+        )
         self._read_count = max(1, layout.policy.max_batch_size)
         #: several priority levels (one stream each): a batch is formed only after a read
         #: that followed the last execution (see :meth:`step`)
@@ -341,120 +343,13 @@ class InstanceLoop:
         if admission.checks_refused:
             self._fail(admission.checks_refused, counted=False)
 
-    # -- refusals and expiry -----------------------------------------------------------------
-
     def _expire(self, now: int) -> None:
         failures = self._assembly.expire(now)
         if failures:
             self._fail(failures)
 
     def _fail(self, failures: Sequence[Failure], counted: bool = True) -> None:
-        """Answer each ``(delivery, code, text)`` with its error and acknowledge it;
-        ``counted``: as a failure in the statistics (Triton counts no request its checks
-        refused before it was queued)."""
-        now = self._clock()
-        replies = [
-            (d.message.reply_to, self._answers.error(d.message.request_id, code, text))
-            for d, code, text in failures
-        ]
-        delta = self._accounts.failures(failures, self._model, now, counted)
-        before = self._settle([d for d, _, _ in failures], [a for _, a in replies], now)
-        self._consumer.finish(
-            replies, [d for d, _, _ in failures], self._accounts.stats, delta, before=before
-        )
-
-    # -- execution ---------------------------------------------------------------------------
+        self._execution.fail(failures, counted)
 
     def _execute(self, batch: Batch) -> None:
-        start = self._clock()
-        late, held = split_late(self._assembly.release(batch), start)
-        if late:
-            self._fail([(h.delivery, "UNAVAILABLE", TIMEOUT_TEXT) for h in late])
-            if not held:
-                return
-        requests, decode_errors = backend_requests(held, self._model)
-        if self._sequences is not None:
-            requests = self._sequences.prepare(held, requests)
-        runnable = [r for i, r in enumerate(requests) if i not in decode_errors]
-        if logger.isEnabledFor(logging.DEBUG):
-            logger.debug(
-                "model '%s': executing %d request(s): %s",
-                self._model,
-                len(runnable),
-                ", ".join(f"{r.request_id} (client id '{r.client_id}')" for r in runnable),
-            )
-        input_done = self._clock()
-        results = self._run_backend(runnable)
-        if self._sequences is not None:
-            results = self._sequences.keep_states([r.request_id for r in runnable], results)
-        infer_done = self._clock()
-        answers, successes, failures = self._answers.of_batch(
-            held, results, decode_errors, self.labels
-        )
-        done = self._clock()
-        # The gateway answered "Request timeout expired" at the deadline: a request that
-        # finished after it is answered and counted the same way, not as a success.
-        late_done = [
-            (i, h)
-            for i, h in successes
-            if h.delivery.message.deadline_ns <= done and answers[i] is not None
-        ]
-        for index, item in late_done:
-            answers[index] = self._answers.error(
-                item.delivery.message.request_id, "UNAVAILABLE", TIMEOUT_TEXT
-            )
-            failures.append((item, FailureReason.REJECTED))
-        if late_done:
-            late = {i for i, _ in late_done}
-            successes = [(i, h) for i, h in successes if i not in late]
-        if any(h.delivery.message.trace for h in held):  # traced (gpu_workers.tracing)
-            stamps = (start, input_done, infer_done, done)
-            record_traced(held, answers, stamps, self._consumer.consumer)  # type: ignore[arg-type]
-        times = ExecutionTimes(input_done - start, infer_done - input_done, done - infer_done)
-        delta, durations = self._accounts.execution(
-            held, [h for _, h in successes], failures, list(decode_errors), times, start, done
-        )
-        # The answers leave now, followed in the same write by the statistics that count
-        # them, so a client that reads the statistics as soon as it has its answer finds
-        # it counted even when the instance is preempted right after this write; the
-        # acknowledgements go with the next read.
-        before = self._settle([h.delivery for h in held], answers, done)  # type: ignore[arg-type]
-        self._consumer.send_replies(
-            [
-                (h.delivery.message.reply_to, a)
-                for h, a in zip(held, answers, strict=True)
-                if a is not None  # a decoupled model sent its responses itself
-            ],
-            self._accounts.commands(delta),
-            before=before,
-        )
-        if successes:
-            self._consumer.defer(self._accounts.observe(durations, times, done))
-
-        self._consumer.finish(
-            [],
-            [h.delivery for h in held],
-            defer=True,  # sent with the read that follows at once (one round trip)
-        )
-
-    def _settle(
-        self, deliveries: Sequence[Delivery], answers: Sequence[InferResponseMessage], now: int
-    ) -> list[tuple[object, ...]]:
-        """The commits of sequence steps answered now, to go ahead of their answers."""
-        if self._sequences is None:
-            return []
-        return self._sequences.settle(list(zip(deliveries, answers, strict=True)), now)
-
-    def _run_backend(self, requests: list[InferRequest]) -> list[InferResponse | InferError]:
-        if not requests:
-            return []
-        try:
-            results = self._backend.execute(requests)
-        except Exception as exc:
-            logger.exception("model '%s' execute raised", self._model)
-            return [InferError("INTERNAL", str(exc) or type(exc).__name__)] * len(requests)
-        if not isinstance(results, list) or len(results) != len(requests):
-            got = len(results) if isinstance(results, list) else type(results).__name__
-            message = f"model '{self._model}' returned {got} responses for {len(requests)} requests"
-            return [InferError("INTERNAL", message)] * len(requests)
-        return results
+        self._execution.execute(batch, self.labels)
