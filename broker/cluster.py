@@ -5,7 +5,11 @@ A deployment names a Redis Cluster with a URL whose scheme is ``redis+cluster://
 nodes, comma separated: ``redis+cluster://[user:password@]host:port[,host:port...]``.
 Any node answers ``CLUSTER SLOTS`` with the whole slot map, so one reachable seed is
 enough; listing several survives the loss of one. A cluster has one database (0), so
-the URL takes no path.
+the URL takes no path. A ``rediss+cluster://`` URL takes redis-py's TLS options in its
+query string, as a ``rediss://`` URL does (:data:`TLS_OPTIONS`:
+``?ssl_ca_certs=/certs/ca.crt&ssl_certfile=/certs/client.crt&ssl_keyfile=/certs/client.key``);
+they reach the cluster clients and every connection to a single node
+(:meth:`ClusterURL.node_url`).
 
 :func:`sync_client` and :func:`async_client` return redis-py's ``Redis`` for a plain URL
 and redis-py's ``RedisCluster`` (which follows ``MOVED``/``ASK`` itself) for a cluster URL.
@@ -19,10 +23,10 @@ https://redis.io/docs/latest/operate/oss_and_stack/reference/cluster-spec/
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 import redis
 import redis.asyncio
@@ -41,6 +45,26 @@ URL_ATTRIBUTE = "sluice_cluster_url"
 MAP_TIMEOUT_S = 2.0
 #: hash slots of a Redis Cluster.
 SLOTS = 16384
+#: the query options of a ``rediss+cluster://`` URL: redis-py's TLS options that every
+#: cluster client and node connection (sync and asyncio) takes, to their parsers (the
+#: value as passed on, or ValueError).
+TLS_OPTIONS: dict[str, Callable[[str], str]] = {
+    "ssl_ca_certs": str,
+    "ssl_certfile": str,
+    "ssl_keyfile": str,
+    "ssl_cert_reqs": lambda v: _choice(v, ("none", "optional", "required")),
+    "ssl_check_hostname": lambda v: _choice(v, ("true", "false", "yes", "no", "1", "0")),
+    "ssl_ciphers": str,
+}
+#: query options whose values a log line shows (numbers, switches); every other value
+#: (a password, a TLS file's path, a misspelt option) shows as ``***``.
+SHOWN_QUERY_OPTIONS = frozenset(
+    {
+        "db", "protocol", "timeout", "socket_timeout", "socket_connect_timeout",
+        "socket_keepalive", "health_check_interval", "max_connections", "retry_on_timeout",
+        "ssl_cert_reqs", "ssl_check_hostname", "ssl_min_version",
+    }
+)  # fmt: skip
 
 Address = tuple[str, int]
 
@@ -54,20 +78,58 @@ class ClusterURL:
         tls: ``rediss+cluster``.
         username: ACL user, if any.
         password: password, if any.
+        tls_options: the URL's TLS options (:data:`TLS_OPTIONS`), ``(name, value)`` in
+            the URL's order, values as checked (``ssl_cert_reqs`` lower case).
     """
 
     seeds: tuple[Address, ...]
     tls: bool = False
     username: str | None = None
     password: str | None = None
+    tls_options: tuple[tuple[str, str], ...] = ()
 
     def node_url(self, address: Address) -> str:
-        """A plain Redis URL of one node (``redis://`` or ``rediss://``, credentials kept)."""
+        """A plain Redis URL of one node (``redis://`` or ``rediss://``, credentials and
+        TLS options kept)."""
         scheme = "rediss" if self.tls else "redis"
         auth = ""
         if self.username or self.password:
             auth = f"{quote(self.username or '', safe='')}:{quote(self.password or '', safe='')}@"
-        return f"{scheme}://{auth}{address[0]}:{address[1]}/0"
+        query = f"?{urlencode(self.tls_options, safe='/')}" if self.tls_options else ""
+        return f"{scheme}://{auth}{address[0]}:{address[1]}/0{query}"
+
+    def tls_kwargs(self) -> dict[str, Any]:
+        """The TLS options as keyword arguments of redis-py's clients (``ssl=True`` for a
+        ``rediss+cluster://`` URL; ``ssl_check_hostname`` a bool)."""
+        if not self.tls:
+            return {}
+        out: dict[str, Any] = {"ssl": True}
+        for name, value in self.tls_options:
+            out[name] = value in ("true", "yes", "1") if name == "ssl_check_hostname" else value
+        return out
+
+
+def _choice(value: str, allowed: tuple[str, ...]) -> str:
+    if value.lower() not in allowed:
+        raise ValueError(f"one of {', '.join(allowed)}, not {value!r}")
+    return value.lower()
+
+
+def redacted(url: str) -> str:
+    """``url`` fit for a log line: a password in its user part, and the values of its
+    query options but those of :data:`SHOWN_QUERY_OPTIONS` (passwords, TLS files),
+    replaced by ``***`` (``redis://:s3cret@host/0`` -> ``redis://:***@host/0``)."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if parts.password is not None:
+        user, _, host = netloc.rpartition("@")
+        name = user.split(":", 1)[0]
+        netloc = f"{name}:***@{host}"
+    query = "&".join(
+        f"{key}={value}" if key in SHOWN_QUERY_OPTIONS or not value else f"{key}=***"
+        for key, value in parse_qsl(parts.query, keep_blank_values=True)
+    )
+    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
 
 
 def is_cluster(url: str) -> bool:
@@ -76,19 +138,25 @@ def is_cluster(url: str) -> bool:
 
 
 def parse_cluster_url(url: str) -> ClusterURL:
-    """Parse ``redis+cluster://[user:password@]host:port[,host:port...]``.
+    """Parse ``redis+cluster://[user:password@]host:port[,host:port...][/0][?options]``;
+    the options (``rediss+cluster://`` only) are :data:`TLS_OPTIONS`.
 
     Raises:
         ValueError: not a cluster URL, no node, a node without a port or with a port
-            outside 1-65535, or a database other than 0 in the path.
+            outside 1-65535, a database other than 0 in the path, or a query option that
+            is unknown, repeated, empty, has a bad value or comes without TLS. The message
+            names the URL with its password and TLS files masked (:func:`redacted`).
     """
+    shown = redacted(url)
     scheme, _, rest = url.partition("://")
     if scheme.lower() not in CLUSTER_SCHEMES:
-        raise ValueError(f"not a Redis Cluster URL (scheme {'/'.join(CLUSTER_SCHEMES)}): {url!r}")
+        raise ValueError(f"not a Redis Cluster URL (scheme {'/'.join(CLUSTER_SCHEMES)}): {shown!r}")
+    rest, _, query = rest.partition("?")
     netloc, _, path = rest.partition("/")
-    path = path.split("?", 1)[0]
     if path not in ("", "0"):
-        raise ValueError(f"a Redis Cluster has database 0 only, not {path!r}: {url!r}")
+        raise ValueError(f"a Redis Cluster has database 0 only, not {path!r}: {shown!r}")
+    tls = scheme.lower() == "rediss+cluster"
+    options = _tls_options(query, tls, shown)
     auth, _, hosts = netloc.rpartition("@")
     username = password = None
     if auth:
@@ -103,9 +171,31 @@ def parse_cluster_url(url: str) -> ClusterURL:
         except ValueError:
             port = None
         if not parsed.hostname or port is None or not 0 < port < 65536:
-            raise ValueError(f"a Redis Cluster node needs host:port, got {part!r} in {url!r}")
+            raise ValueError(f"a Redis Cluster node needs host:port, got {part!r} in {shown!r}")
         seeds.append((parsed.hostname, port))
-    return ClusterURL(tuple(seeds), scheme.lower() == "rediss+cluster", username, password)
+    return ClusterURL(tuple(seeds), tls, username, password, options)
+
+
+def _tls_options(query: str, tls: bool, shown: str) -> tuple[tuple[str, str], ...]:
+    """The checked query options of a cluster URL (see :func:`parse_cluster_url`)."""
+    options: dict[str, str] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name not in TLS_OPTIONS:
+            known = ", ".join(TLS_OPTIONS)
+            raise ValueError(
+                f"unknown Redis Cluster URL option {name!r} (known: {known}): {shown!r}"
+            )
+        if not tls:
+            raise ValueError(f"option {name!r} needs a rediss+cluster:// URL (TLS): {shown!r}")
+        if name in options:
+            raise ValueError(f"option {name!r} given twice: {shown!r}")
+        if not value:
+            raise ValueError(f"option {name!r} needs a value: {shown!r}")
+        try:
+            options[name] = TLS_OPTIONS[name](value)
+        except ValueError as exc:
+            raise ValueError(f"option {name!r} must be {exc}: {shown!r}") from None
+    return tuple(options.items())
 
 
 def _cluster_kwargs(cluster: ClusterURL, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -115,8 +205,7 @@ def _cluster_kwargs(cluster: ClusterURL, kwargs: dict[str, Any]) -> dict[str, An
         out["username"] = cluster.username
     if cluster.password:
         out["password"] = cluster.password
-    if cluster.tls:
-        out["ssl"] = True
+    out.update(cluster.tls_kwargs())
     return out
 
 

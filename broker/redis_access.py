@@ -52,7 +52,8 @@ def access_refusal(exc: BaseException) -> str | None:
     ``AuthorizationError`` / ``NoPermissionError`` (an ACL user without the command or
     key), an error reply starting with ``NOAUTH`` (a password is required and none was
     given), ``WRONGPASS`` or ``NOPERM``, and a TLS failure (certificate not trusted,
-    client certificate missing or refused, TLS spoken to a plain port).
+    client certificate missing or refused, TLS spoken to a plain port; for a Redis
+    Cluster, also when no node could be reached for such a reason).
     """
     if isinstance(
         exc,
@@ -69,7 +70,10 @@ def access_refusal(exc: BaseException) -> str | None:
         if isinstance(cause, ssl.SSLError):
             return f"TLS with Redis failed: {text}"
         cause = cause.__cause__ or cause.__context__
-    if isinstance(exc, redis.exceptions.ConnectionError) and "SSL" in text:
+    if (
+        isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.RedisClusterException)
+        and "SSL" in text
+    ):  # a cluster client that reached no node keeps only the nodes' errors' text
         return f"TLS with Redis failed: {text}"
     return None
 
@@ -104,8 +108,12 @@ def check_redis_access(url: str, timeout_s: float = 10.0) -> None:
         # a cluster client reads the slot map (logging in to a node) when it is made
         client = sync_client(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         client.ping()
-    except (ValueError, redis.exceptions.RedisClusterException):
-        return  # a malformed or unreachable cluster URL: the caller's first use says so
+    except ValueError:
+        return  # a malformed cluster URL: the caller's first use says so
+    except redis.exceptions.RedisClusterException as exc:
+        reason = access_refusal(exc)  # else unreachable: the caller's first use says so
+        if reason is not None:
+            raise RedisAccessRefused(f"{reason} (Redis at {redacted(url)})") from None
     except (redis.exceptions.RedisError, OSError) as exc:
         reason = access_refusal(exc)
         parts = urlsplit(url)

@@ -13,12 +13,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
 from collections.abc import Callable, Sequence
 
 import redis
 
-from sluice.broker.cluster import sync_client
+from sluice.broker.cluster import redacted, sync_client
 
 
 def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
@@ -30,23 +29,6 @@ def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
         return False
     finally:
         client.close()
-
-
-def redacted(url: str) -> str:
-    """``url`` fit for a log line: a password in its user part or in a ``password=``
-    query parameter replaced by ``***`` (``redis://:s3cret@host/0`` ->
-    ``redis://:***@host/0``)."""
-    parts = urllib.parse.urlsplit(url)
-    netloc = parts.netloc
-    if parts.password is not None:
-        user, _, host = netloc.rpartition("@")
-        name = user.split(":", 1)[0]
-        netloc = f"{name}:***@{host}"
-    query = "&".join(
-        f"{key}=***" if key == "password" else f"{key}={value}" if value else key
-        for key, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-    )
-    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
 
 
 def delete_prefix(url: str, prefix: str, timeout_s: float = 10.0) -> int:

@@ -3,7 +3,8 @@
 Started with ``redis-server --cluster-enabled yes`` per node and joined by
 ``redis-cli --cluster create ... --cluster-replicas 1``; failovers and slot migrations
 are driven with the cluster's own commands (``CLUSTER FAILOVER``, ``CLUSTER SETSLOT``,
-``MIGRATE``). Every wait has a deadline.
+``MIGRATE``). Every wait has a deadline. With certificates (``secure_redis``) the nodes
+speak TLS only, to clients and to each other (``--tls-cluster``, ``--tls-replication``).
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlencode
 
 import redis
 from redis.crc import key_slot
+from secure_redis import Certificates
 
 from sluice.broker.redis_server import free_port
 
@@ -30,15 +33,59 @@ class Cluster:
     folder: Path
     ports: list[int]
     processes: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+    #: TLS only (the ports are TLS ports), clients showing the client certificate
+    certs: Certificates | None = None
 
     @property
     def url(self) -> str:
-        """The ``redis+cluster://`` URL naming every node."""
-        return "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in self.ports)
+        """The ``redis+cluster://`` URL naming every node (``rediss+cluster://`` with
+        the CA and the client certificate and key for a TLS cluster)."""
+        nodes = ",".join(f"127.0.0.1:{p}" for p in self.ports)
+        if self.certs is None:
+            return f"redis+cluster://{nodes}"
+        return f"rediss+cluster://{nodes}?{urlencode(self.tls_options(), safe='/')}"
+
+    def tls_options(self) -> dict[str, str]:
+        """redis-py's TLS options for this cluster's nodes (none without TLS)."""
+        if self.certs is None:
+            return {}
+        return {
+            "ssl_ca_certs": str(self.certs.ca),
+            "ssl_certfile": str(self.certs.client_cert),
+            "ssl_keyfile": str(self.certs.client_key),
+        }
 
     def node(self, port: int) -> redis.Redis:
-        """A plain client of one node."""
-        return redis.Redis(port=port, socket_timeout=10, socket_connect_timeout=5)
+        """A plain (not cluster) client of one node."""
+        tls = self.tls_options()
+        return redis.Redis(
+            port=port, socket_timeout=10, socket_connect_timeout=5, ssl=bool(tls), **tls
+        )
+
+    def node_argv(self, port: int) -> list[str]:
+        """The ``redis-server`` command line of the node on ``port``."""
+        argv = [
+            "redis-server", "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+            "--cluster-config-file", "nodes.conf",
+            "--cluster-node-timeout", str(NODE_TIMEOUT_MS), "--appendonly", "no",
+            "--save", "", "--dir", str(self.folder / str(port)), "--protected-mode", "no",
+        ]  # fmt: skip
+        if self.certs is None:
+            return [*argv, "--port", str(port)]
+        return [
+            *argv, "--port", "0", "--tls-port", str(port), "--tls-cluster", "yes",
+            "--tls-replication", "yes", "--tls-cert-file", str(self.certs.server_cert),
+            "--tls-key-file", str(self.certs.server_key),
+            "--tls-ca-cert-file", str(self.certs.ca),
+        ]  # fmt: skip
+
+    def cli_tls(self) -> list[str]:
+        """``redis-cli``'s TLS arguments for this cluster (none without TLS)."""
+        if self.certs is None:
+            return []
+        certs = self.certs
+        return ["--tls", "--cacert", str(certs.ca), "--cert", str(certs.client_cert),
+                "--key", str(certs.client_key)]  # fmt: skip
 
     def slot_owner(self, slot: int) -> int:
         """The port of the primary serving ``slot`` (read from a live node)."""
@@ -91,9 +138,13 @@ def model_slot(model: str) -> int:
     return key_slot(f"{{{model}}}".encode())
 
 
-def start_cluster(folder: Path, timeout_s: float = 60.0) -> Cluster:
+def start_cluster(
+    folder: Path, timeout_s: float = 60.0, certs: Certificates | None = None
+) -> Cluster:
     """Start 6 nodes and join them as 3 primaries with a replica each; wait (bounded)
-    until every node reports ``cluster_state:ok``.
+    until every node reports ``cluster_state:ok``. With ``certs`` (server certificate
+    for 127.0.0.1, signed by their CA) the nodes speak TLS only and require client
+    certificates.
 
     Raises:
         RuntimeError: ``redis-server``/``redis-cli`` missing, or the cluster not ok in time.
@@ -105,20 +156,12 @@ def start_cluster(folder: Path, timeout_s: float = 60.0) -> Cluster:
         port = free_port()
         if port not in ports and port + 10000 < 65536:
             ports.append(port)
-    cluster = Cluster(folder, ports)
+    cluster = Cluster(folder, ports, certs=certs)
     for port in ports:
-        node_dir = folder / str(port)
-        node_dir.mkdir(parents=True)
+        (folder / str(port)).mkdir(parents=True)
         cluster.processes[port] = subprocess.Popen(
-            [
-                "redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                "--cluster-node-timeout", str(NODE_TIMEOUT_MS), "--appendonly", "no",
-                "--save", "", "--dir", str(node_dir), "--protected-mode", "no",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            cluster.node_argv(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
     deadline = time.monotonic() + timeout_s
     for port in ports:
         while True:
@@ -131,7 +174,8 @@ def start_cluster(folder: Path, timeout_s: float = 60.0) -> Cluster:
                     raise RuntimeError(f"cluster node {port} did not start") from None
                 time.sleep(0.05)
     subprocess.run(
-        ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
+        ["redis-cli", *cluster.cli_tls(), "--cluster", "create",
+         *(f"127.0.0.1:{p}" for p in ports),
          "--cluster-replicas", "1", "--cluster-yes"],
         check=True, capture_output=True, timeout=timeout_s,
     )  # fmt: skip
@@ -186,17 +230,9 @@ def kill_primary(cluster: Cluster, primary: int, timeout_s: float = 30.0) -> int
 def restart_node(cluster: Cluster, port: int, timeout_s: float = 30.0) -> None:
     """Start a killed node again with its node file (it rejoins as a replica) and wait
     (bounded) until the cluster has 3 primaries and 3 replicas again."""
-    node_dir = cluster.folder / str(port)
     cluster.processes[port] = subprocess.Popen(
-        [
-            "redis-server", "--port", str(port), "--bind", "127.0.0.1",
-            "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-            "--cluster-node-timeout", str(NODE_TIMEOUT_MS), "--appendonly", "no",
-            "--save", "", "--dir", str(node_dir), "--protected-mode", "no",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        cluster.node_argv(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     wait_cluster_ok(cluster, timeout_s)
 
 

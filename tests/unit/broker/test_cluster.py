@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from redis._parsers.base import BaseParser
 
@@ -11,6 +13,7 @@ from sluice.broker.cluster import (
     command_key,
     is_cluster,
     parse_cluster_url,
+    redacted,
     redirection,
     slot_of,
 )
@@ -24,6 +27,61 @@ def test_cluster_url_lists_nodes_and_credentials() -> None:
     tls = parse_cluster_url("rediss+cluster://h:6379/0")
     assert tls.tls and tls.node_url(("h", 6379)) == "rediss://h:6379/0"
     assert is_cluster("REDIS+CLUSTER://h:1") and not is_cluster("redis://h:1/0")
+
+
+def test_tls_options_reach_every_node_url_and_the_cluster_clients() -> None:
+    url = parse_cluster_url(
+        "rediss+cluster://:pw@h1:7000,h2:7001?ssl_ca_certs=/certs/ca.crt"
+        "&ssl_certfile=/certs/c.crt&ssl_keyfile=/certs/c.key&ssl_cert_reqs=REQUIRED"
+        "&ssl_check_hostname=no"
+    )
+    assert url.seeds == (("h1", 7000), ("h2", 7001))
+    assert url.node_url(("10.0.0.9", 7002)) == (
+        "rediss://:pw@10.0.0.9:7002/0?ssl_ca_certs=/certs/ca.crt&ssl_certfile=/certs/c.crt"
+        "&ssl_keyfile=/certs/c.key&ssl_cert_reqs=required&ssl_check_hostname=no"
+    )
+    assert url.tls_kwargs() == {
+        "ssl": True,
+        "ssl_ca_certs": "/certs/ca.crt",
+        "ssl_certfile": "/certs/c.crt",
+        "ssl_keyfile": "/certs/c.key",
+        "ssl_cert_reqs": "required",
+        "ssl_check_hostname": False,
+    }
+    spaced = parse_cluster_url("rediss+cluster://h:1/0?ssl_ca_certs=/my%20certs/ca%26.crt")
+    assert spaced.tls_kwargs()["ssl_ca_certs"] == "/my certs/ca&.crt"
+    assert spaced.node_url(("h", 1)) == "rediss://h:1/0?ssl_ca_certs=/my+certs/ca%26.crt"
+    assert parse_cluster_url("redis+cluster://h:1").tls_kwargs() == {}
+
+
+@pytest.mark.parametrize(
+    ("url", "text"),
+    [
+        (
+            "rediss+cluster://h:1?ssl_ca_cert=/ca.crt",
+            "unknown Redis Cluster URL option 'ssl_ca_cert' (known: ssl_ca_certs,",
+        ),
+        ("rediss+cluster://h:1?db=0", "unknown Redis Cluster URL option 'db'"),
+        ("redis+cluster://h:1?ssl_ca_certs=/ca", "'ssl_ca_certs' needs a rediss+cluster://"),
+        ("rediss+cluster://h:1?ssl_cert_reqs=maybe", "one of none, optional, required, not"),
+        ("rediss+cluster://h:1?ssl_check_hostname=sure", "'ssl_check_hostname' must be one of"),
+        ("rediss+cluster://h:1?ssl_keyfile=", "'ssl_keyfile' needs a value"),
+        ("rediss+cluster://h:1?ssl_keyfile=/a&ssl_keyfile=/b", "'ssl_keyfile' given twice"),
+    ],
+)
+def test_bad_cluster_url_options_are_named(url: str, text: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(text)):
+        parse_cluster_url(url)
+
+
+def test_errors_and_log_lines_hide_passwords_and_tls_files() -> None:
+    url = "rediss+cluster://u:s3cret@h:1,x?ssl_keyfile=/k/c.key&ssl_cert_reqs=none"
+    shown = "rediss+cluster://u:***@h:1,x?ssl_keyfile=***&ssl_cert_reqs=none"
+    assert redacted(url) == shown
+    with pytest.raises(ValueError) as info:
+        parse_cluster_url(url)
+    assert "s3cret" not in str(info.value) and "/k/c.key" not in str(info.value)
+    assert shown in str(info.value)
 
 
 @pytest.mark.parametrize(
