@@ -68,9 +68,12 @@ class StreamConsumer:
         consumer: this instance's name within the group.
         home: a stream of the hash slot whose streams a read waits on when the streams
             span several slots of a Redis Cluster (default: the first stream's).
-        by_arrival: hand each read's entries over in the order the gateways queued them
-            (their ``enqueued_ns``), not stream by stream: a level's requests spread over
-            several queue shards then reach the batcher in arrival order.
+        shards: the queue shards of each priority level (``StreamLayout.shards``). With
+            several, a read takes ⌈count / shards⌉ entries per stream, so that an instance
+            holds about a batch, not a batch per shard (what it holds runs even if its
+            client cancels), and hands them over in the order the gateways queued them
+            (their ``enqueued_ns``), not stream by stream, so that a level's requests
+            reach the batcher in arrival order.
     """
 
     def __init__(
@@ -79,7 +82,7 @@ class StreamConsumer:
         streams: Sequence[str],
         consumer: str,
         home: str | None = None,
-        by_arrival: bool = False,
+        shards: int = 1,
     ) -> None:
         self._redis = client
         self._direct: DirectConnection | ClusterDirectConnection
@@ -90,7 +93,7 @@ class StreamConsumer:
             self._direct = DirectConnection(client)
         self.consumer = consumer
         self._home = hash_tag(home or streams[0])
-        self._by_arrival = by_arrival
+        self._shards = max(1, shards)
         self.streams: list[str] = []
         self._groups: list[list[str]] = []
         self._set_streams(streams)
@@ -152,7 +155,8 @@ class StreamConsumer:
         so an entry of a shard no instance waits on is taken within that time.
 
         Args:
-            count: most entries per stream.
+            count: most entries per priority level (per stream; split over a level's
+                shards).
             block_ms: wait at most this long (≥ 1 ms) for an entry; ``None`` = do not wait.
             own_pending: read this consumer's pending entries instead of new ones
                 (``XREADGROUP`` with id ``0``; their :attr:`Delivery.deliveries` is 1,
@@ -163,6 +167,8 @@ class StreamConsumer:
                 When Redis is unreachable the deferred commands are kept for the next
                 read or :meth:`flush`.
         """
+        if self._shards > 1 and not own_pending:
+            count = -(-count // self._shards)
         if len(self._groups) == 1:
             read = self._read_command(self._groups[0], count, block_ms, own_pending)
             deliveries = self._decode(
@@ -176,7 +182,7 @@ class StreamConsumer:
                 wait_ms = min(block_ms, SHARD_POLL_MS)
                 wait = self._read_command(self._groups[0], count, wait_ms, False)
                 deliveries = self._decode(self._run_deferred(wait, last_blocks=True)[-1])
-        if self._by_arrival and len(deliveries) > 1:
+        if self._shards > 1 and len(deliveries) > 1:
             deliveries.sort(key=_arrival)
         return deliveries
 

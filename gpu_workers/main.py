@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         streams,
         args.instance,
         home=home,
-        by_arrival=keys_layout.shards > 1,
+        shards=keys_layout.shards,
     )
     consumer.ensure_groups()
     loop = InstanceLoop(

@@ -513,6 +513,7 @@ SLOW_VARIANTS = {
     "slow_priority": ("priority_levels: 2 default_priority_level: 2", 1),  # max_batch_size 1
     "slow_priority_sharded": ("priority_levels: 2 default_priority_level: 2", 1, 3),
     "slow_pair_sharded": ("", 2, 3),
+    "slow_batch4_sharded": ("", 1, 4),  # max_batch_size 4
 }
 
 
@@ -527,6 +528,8 @@ def build_slow_variants(repo: Path) -> None:
         config = config.replace("count: 1", f"count: {count}")
         if name.startswith("slow_priority"):
             config = config.replace("max_batch_size: 8", "max_batch_size: 1")
+        if name.startswith("slow_batch4"):
+            config = config.replace("max_batch_size: 8", "max_batch_size: 4")
         config += f"dynamic_batching {{ {batching} }}\n"
         if shards:
             shard_count = f'{{ string_value: "{shards[0]}" }}'

@@ -267,3 +267,54 @@ def test_a_request_already_running_when_cancelled_completes(server, broker) -> N
         **dict.fromkeys(REASONS, 0),
     }
     assert "Traceback" not in server.log()[log_before:]
+
+
+def test_a_sharded_instance_takes_about_a_batch_so_the_rest_can_be_cancelled(
+    server, broker
+) -> None:
+    """slow_batch4_sharded: max_batch_size 4, queue split over 4 shards, one instance.
+    While it runs a 1 s request, 12 more (1 s each) queue, 3 per shard; it then takes
+    one per shard (a batch of 4), not a batch per shard, so the last 8, cancelled while
+    that batch runs, are still queued: taken off, never run, counted CANCELED."""
+    model = "slow_batch4_sharded"
+    shards = 4
+    streams = [KeySchema(server.key_prefix).queue(model, 1, 0, k, shards) for k in range(shards)]
+    before = _counts(server, model)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results = _Results()
+    client.async_infer(model, _grpc_input(0.0), results.callback("first"),
+                       parameters={"sleep_ms": 1000})  # fmt: skip
+    _until(lambda: _taken_on(broker, streams) == 1, "the instance takes the first request")
+    calls = []
+    for i in range(1, 13):
+        calls.append(
+            client.async_infer(
+                model,
+                _grpc_input(float(i)),
+                results.callback(str(i)),
+                parameters={"sleep_ms": 1000},
+            )
+        )
+        time.sleep(0.01)
+    # the first request ends; the instance takes its next batch: one entry per shard
+    _until(lambda: _taken_on(broker, streams) == 4, "the instance takes a batch of 4", 5.0)
+    assert sum(int(broker.xlen(s)) for s in streams) == 4 + 8  # 8 still queued
+    for call in calls[4:]:
+        call.cancel()
+    done = results.wait(13)
+    client.close()
+    for i in range(5):
+        result, error = done["first" if i == 0 else str(i)]
+        assert error is None and result.as_numpy("OUT").tolist() == [[float(i)]]
+    assert {done[str(i)][1].status() for i in range(5, 13)} == {"StatusCode.CANCELLED"}
+    _until(lambda: _counts(server, model)["CANCELED"] == before["CANCELED"] + 8, "8 counted")
+    _until(lambda: _counts(server, model)["success"] == before["success"] + 5, "5 answered")
+    assert _counts(server, model)["execution_count"] - before["execution_count"] == 2
+
+
+def _taken_on(broker: redis.Redis, streams: list[str]) -> int:
+    taken = 0
+    for stream in streams:
+        with contextlib.suppress(redis.ResponseError):  # no group yet
+            taken += int(broker.xpending(stream, WORKER_GROUP)["pending"])
+    return taken
