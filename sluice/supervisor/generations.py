@@ -26,6 +26,7 @@ from sluice.broker.keys import WORKER_GROUP, KeySchema
 from sluice.broker.messages import ErrorInfo, InferResponseMessage
 from sluice.broker.model_store import ModelStore, VersionState
 from sluice.broker.producer import PAYLOAD_FIELD
+from sluice.broker.requeue import move_left_behind
 from sluice.broker.scheduling import stream_layout
 from sluice.broker.states import RETIRED_HOLDING, InstanceState, ModelState
 from sluice.broker.stats_store import fold_stats_shards
@@ -213,6 +214,28 @@ class Generations:
             if gone:
                 self._store.forget_instances(previous.name, version, gone)
             fold_stats_shards(self._redis, self._keys, previous.name, version, names)
+
+    def requeue_left_behind(
+        self, previous: LoadedModel, model: LoadedModel, published_at: float
+    ) -> None:
+        """After a reload whose queue layout changed (``queue_shards``, priority levels)
+        and once the old instances have stopped: move what is still queued on streams
+        the new layout lacks onto its streams (``broker.requeue``), after the gateways
+        stopped queueing there (:data:`ADMISSION_SETTLE_S` after ``published_at``, a
+        ``time.monotonic()`` value)."""
+        pairs = []
+        for version in model.versions:
+            if version not in previous.versions:
+                continue
+            old = stream_layout(self._keys, previous.name, version, previous.config)
+            new = stream_layout(self._keys, model.name, version, model.config)
+            if not set(old.streams()) <= set(new.streams()):
+                pairs.append((old, new))
+        if not pairs:
+            return
+        time.sleep(max(0.0, published_at + ADMISSION_SETTLE_S - time.monotonic()))
+        for old, new in pairs:
+            move_left_behind(self._redis, old, new)
 
     def pending_owners(self, streams: Sequence[str]) -> set[str]:
         """Consumers that own pending (read, not acknowledged) entries of ``streams``."""

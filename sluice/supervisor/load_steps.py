@@ -220,6 +220,7 @@ class LoadSteps:
                 model=model.name,
             )
         self._store.publish_config(model.name, json_format.MessageToJson(model.config))
+        published_at = time.monotonic()
         model.load_s = round(time.monotonic() - model.load_started, 6)
         for version in model.versions:
             self._store.set_state(
@@ -242,6 +243,7 @@ class LoadSteps:
                     self.options.drain_timeout_s,
                     HAND_OVER_SIGNAL,
                 )
+            self._generations.requeue_left_behind(previous, model, published_at)
             self._generations.forget(previous)
             if previous.temp_dir != model.temp_dir:
                 discard(previous.temp_dir)
