@@ -93,11 +93,13 @@ def unusable_redis(url: str, exc: BaseException) -> str:
     return f"cannot use Redis at {redacted(url)}: {exc}"
 
 
-def check_redis_access(url: str, timeout_s: float = 10.0) -> None:
+def check_redis_access(url: str, timeout_s: float = 10.0, strict_cluster: bool = False) -> None:
     """Log in to the Redis at ``url`` and send one ``PING``.
 
     An unreachable Redis is not an error here (each process waits for it as for any
-    outage); only a refusal is.
+    outage); only a refusal is. With ``strict_cluster``, a malformed ``redis+cluster://``
+    URL and a cluster none of whose nodes answers are refusals too (redis-py's cluster
+    client cannot be made without a node: a process that needs one cannot wait).
 
     Raises:
         RedisAccessRefused: the login, the ``PING`` or TLS was refused; the message names
@@ -108,12 +110,16 @@ def check_redis_access(url: str, timeout_s: float = 10.0) -> None:
         # a cluster client reads the slot map (logging in to a node) when it is made
         client = sync_client(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         client.ping()
-    except ValueError:
-        return  # a malformed cluster URL: the caller's first use says so
+    except ValueError as exc:
+        if strict_cluster:  # a malformed cluster URL (its text masks the password)
+            raise RedisAccessRefused(f"bad --redis-url: {exc}") from None
+        return  # the caller's first use says so
     except redis.exceptions.RedisClusterException as exc:
         reason = access_refusal(exc)  # else unreachable: the caller's first use says so
         if reason is not None:
             raise RedisAccessRefused(f"{reason} (Redis at {redacted(url)})") from None
+        if strict_cluster:
+            raise RedisAccessRefused(unusable_redis(url, exc)) from None
     except (redis.exceptions.RedisError, OSError) as exc:
         reason = access_refusal(exc)
         parts = urlsplit(url)
@@ -174,15 +180,16 @@ def _speaks_plain(host: str, port: int, timeout_s: float) -> bool:
 
 def exit_if_refused(url: str, logger: logging.Logger, timeout_s: float = 5.0) -> None:
     """:func:`check_redis_access` (a Redis that does not answer delays the start by at
-    most ``timeout_s`` seconds, twice where a probe of the other protocol follows); on a
-    refusal, log its one line and end the process with exit code 1 (a supervisor
+    most ``timeout_s`` seconds, twice where a probe of the other protocol follows; a
+    malformed or unreachable cluster URL counts as a refusal); on a refusal, log its one
+    line and end the process with exit code 1 (a supervisor
     restarting it would be refused again).
 
     Raises:
         SystemExit: code 1, after a refusal.
     """
     try:
-        check_redis_access(url, timeout_s)
+        check_redis_access(url, timeout_s, strict_cluster=True)
     except RedisAccessRefused as exc:
         logger.error("%s", exc)
         raise SystemExit(1) from None

@@ -308,16 +308,27 @@ def test_async_jobs_refused_with_reason(server: Server) -> None:
 
 
 @pytest.mark.parametrize(
+    "command",
+    [
+        ["serve", "--model-repository", "examples/model_repository"],
+        ["gateway", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"],
+        ["worker", "--model", "add_sub", "--version", "1", "--model-dir", "examples"],
+    ],
+    ids=["serve", "gateway", "worker"],
+)
+@pytest.mark.parametrize(
     ("url", "text"),
     [
         ("redis+cluster://localhost", "bad --redis-url: a Redis Cluster node needs host:port"),
         ("redis+cluster://127.0.0.1:1", "cannot use Redis at redis+cluster://127.0.0.1:1"),
     ],
 )
-def test_bad_or_unreachable_cluster_url_is_one_error_line(url: str, text: str) -> None:
+def test_bad_or_unreachable_cluster_url_is_one_error_line(
+    command: list[str], url: str, text: str
+) -> None:
+    """Every process started on its own, not only ``sluice serve``."""
     done = subprocess.run(
-        [sys.executable, "-m", "sluice.cli", "serve", "--model-repository",
-         "examples/model_repository", "--redis-url", url],
+        [sys.executable, "-m", "sluice.cli", *command, "--redis-url", url],
         capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2],
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
