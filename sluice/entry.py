@@ -24,12 +24,15 @@ def main() -> int:
         with no traceback (nothing was started yet).
     """
     interrupted: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, _frame: interrupted.append(signum))
+    signal.signal(signal.SIGINT, lambda signum, _frame: interrupted.append(signum))
     from sluice.cli import main as cli_main
 
     if interrupted:
         return INTERRUPTED
-    signal.signal(signal.SIGINT, previous)
+    # Python's own handler, even where SIGINT came ignored (a background job of a script,
+    # nohup): Ctrl-C is how every command stops, and a SIGINT until ``sluice serve`` sets
+    # its handler would otherwise be lost while it goes on starting
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return cli_main()
     except KeyboardInterrupt:  # `sluice gateway` / `sluice worker` before their handlers

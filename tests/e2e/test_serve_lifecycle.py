@@ -188,12 +188,14 @@ def test_ctrl_c_while_models_load_exits_quietly(model_repository, redis_url, tmp
     stop_server(server)  # the key prefix's clean-up
 
 
+@pytest.mark.parametrize("ignored", [False, True], ids=["", "SIGINT-ignored-by-parent"])
 @pytest.mark.parametrize("delay_s", [0.1, 0.4, 0.8])
 def test_ctrl_c_while_the_command_starts_exits_without_a_traceback(
-    model_repository, redis_url, tmp_path, delay_s
+    model_repository, redis_url, tmp_path, delay_s, ignored
 ) -> None:
     """``sluice`` (the console script) Ctrl-C'd within its first second, while it imports
-    or sets Redis up: no traceback, exit 130 (stopped before its handler was set) or 0."""
+    or sets Redis up: no traceback, exit 130 (stopped before its handler was set) or 0;
+    also when it was started with SIGINT ignored (a background job of a script, nohup)."""
     script = Path(sys.executable).with_name("sluice")
     if not script.exists():
         pytest.skip(f"no console script beside {sys.executable}")
@@ -207,6 +209,7 @@ def test_ctrl_c_while_the_command_starts_exits_without_a_traceback(
              "--grpc-port", str(free_port()), "--metrics-port", str(free_port()),
              "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignored else None,
         )  # fmt: skip
         time.sleep(delay_s)
         os.killpg(process.pid, signal.SIGINT)
