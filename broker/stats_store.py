@@ -41,7 +41,7 @@ Field names:
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -217,7 +217,11 @@ def open_stats_shard(
 
 def _tags(client: redis.Redis, keys: KeySchema, model: str, version: int) -> list[str | None]:
     """The hash tags holding the version's statistics: None (the model's own) first."""
-    listed = client.smembers(keys.stats_tags(model, version))
+    return _with_own(client.smembers(keys.stats_tags(model, version)))
+
+
+def _with_own(listed: Iterable[bytes | str]) -> list[str | None]:
+    """None (the model's own tag) and the listed tags, sorted."""
     return [None, *sorted(t.decode() if isinstance(t, bytes) else t for t in listed)]
 
 
@@ -287,10 +291,7 @@ async def read_tags(
         for model, version in versions:
             pipe.smembers(keys.stats_tags(model, version))
         replies = await pipe.execute()
-    return [
-        [None, *sorted(t.decode() if isinstance(t, bytes) else t for t in listed)]
-        for listed in replies
-    ]
+    return [_with_own(listed) for listed in replies]
 
 
 async def read_stats(

@@ -11,7 +11,6 @@ docs/reference/model-configuration.md, Cancellation).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import random
@@ -38,9 +37,10 @@ from sluice.broker.producer import (
 )
 from sluice.broker.replies import ReplyRouter
 from sluice.broker.response_stream import ResponseStream
-from sluice.broker.scheduling import StreamLayout, stream_layout
+from sluice.broker.scheduling import StreamLayout
 from sluice.broker.sequences import SequenceStepInfo
 from sluice.broker.stats_store import StatsDelta
+from sluice.repository.validate import queue_shards
 
 __all__ = ["RequestQueue"]
 
@@ -132,8 +132,8 @@ class RequestQueue:
         model, resolved = message.model, message.version
         layout = self._layouts.get((model, resolved))
         if layout is None or layout.policy is not view.policy:
-            layout = stream_layout(self._keys, model, resolved, view.config)
-            layout = dataclasses.replace(layout, policy=view.policy)
+            shards = queue_shards(view.config)
+            layout = StreamLayout(self._keys, model, resolved, view.policy, shards)
             self._layouts[(model, resolved)] = layout
         level = layout.level_of(int(message.parameters.get("priority", 0) or 0))
         shard = 0

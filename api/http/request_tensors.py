@@ -38,20 +38,7 @@ def parse_inputs(
     tensors: list[WireTensor] = []
     sizes: list[int] | None = []
     for item in raw:
-        if not isinstance(item, dict):
-            raise invalid_arg(
-                f"Unable to parse 'inputs' for model '{model}': expected an array of objects",
-                model=model,
-            )
-        name = item.get("name")
-        if not isinstance(name, str):
-            raise invalid_arg(
-                f"Unable to parse 'name' for an input of model '{model}': {NOT_STRING}",
-                model=model,
-            )
-        if name in seen:
-            raise duplicate_tensor("input", name, model)
-        seen.add(name)
+        name = _entry_name(item, "input", model, seen)
         shape = _parse_shape(item.get("shape"), name, model)
         datatype = item.get("datatype")
         if not isinstance(datatype, str):
@@ -118,20 +105,7 @@ def parse_outputs(
     seen: set[str] = set()
     outputs: list[RequestedOutput] = []
     for item in raw:
-        if not isinstance(item, dict):
-            raise invalid_arg(
-                f"Unable to parse 'outputs' for model '{model}': expected an array of objects",
-                model=model,
-            )
-        name = item.get("name")
-        if not isinstance(name, str):
-            raise invalid_arg(
-                f"Unable to parse 'name' for an output of model '{model}': {NOT_STRING}",
-                model=model,
-            )
-        if name in seen:
-            raise duplicate_tensor("output", name, model)
-        seen.add(name)
+        name = _entry_name(item, "output", model, seen)
         params = item.get("parameters", {})
         if not isinstance(params, dict):
             raise unable("parameters", name, model, "expected a JSON object", kind="output")
@@ -145,3 +119,28 @@ def parse_outputs(
             raise unable("classification", name, model, NOT_UINT, kind="output")
         outputs.append(RequestedOutput(name=name, binary=binary, class_count=class_count))
     return tuple(outputs)
+
+
+def _entry_name(item: object, kind: str, model: str, seen: set[str]) -> str:
+    """The ``name`` of one entry of the ``inputs`` / ``outputs`` list (``kind``: "input"
+    or "output"), added to ``seen``.
+
+    Raises:
+        SluiceError: INVALID_ARG, with Triton's texts: the entry is not an object, its
+            name not a string, or the name is listed twice.
+    """
+    if not isinstance(item, dict):
+        raise invalid_arg(
+            f"Unable to parse '{kind}s' for model '{model}': expected an array of objects",
+            model=model,
+        )
+    name = item.get("name")
+    if not isinstance(name, str):
+        raise invalid_arg(
+            f"Unable to parse 'name' for an {kind} of model '{model}': {NOT_STRING}",
+            model=model,
+        )
+    if name in seen:
+        raise duplicate_tensor(kind, name, model)
+    seen.add(name)
+    return name

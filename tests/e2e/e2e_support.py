@@ -269,6 +269,23 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+def tree_cmdlines(pid: int) -> dict[int, str]:
+    """The command line of ``pid`` and of every process below it (pid -> the arguments
+    joined by spaces; "" for one that ended meanwhile)."""
+    found, todo = [pid], [pid]
+    while todo:
+        kids = children_of(todo.pop())
+        found += kids
+        todo += kids
+    lines = {}
+    for one in found:
+        try:
+            lines[one] = Path(f"/proc/{one}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            lines[one] = ""
+    return lines
+
+
 def children_running(server: Server, module: str) -> list[int]:
     """Pids of the server's children running ``python -m <module>`` (``module`` is one
     argument of their command line); a child that exits while read is left out."""

@@ -24,7 +24,7 @@ import redis.exceptions
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from cluster_support import Cluster, model_slot, start_cluster, stop_cluster
-from e2e_support import ROOT, Server, children_of, load_examples, start_server, stop_server
+from e2e_support import ROOT, Server, load_examples, start_server, stop_server, tree_cmdlines
 from secure_redis import make_certificates
 
 from sluice.broker.cluster import sync_client
@@ -78,22 +78,6 @@ def server(
     assert stop_server(srv) == 0, srv.log()
 
 
-def _descendants(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        kids = children_of(todo.pop())
-        found += kids
-        todo += kids
-    return found
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""  # it ended meanwhile
-
-
 def test_the_cluster_needs_tls_and_a_client_certificate(cluster: Cluster) -> None:
     assert cluster.url.startswith("rediss+cluster://127.0.0.1:")
     client = sync_client(cluster.url, socket_timeout=10)
@@ -129,8 +113,7 @@ def test_serves_add_sub_over_http_and_grpc_exactly(server: Server, cluster: Clus
     assert cluster.slot_owner(model_slot("add_sub")) in cluster.ports
     assert cluster.certs is not None
     secrets = [str(cluster.certs.ca), str(cluster.certs.client_key), "ssl_keyfile"]
-    pids = [server.process.pid, *_descendants(server.process.pid)]
-    lines = {pid: _cmdline(pid) for pid in pids}
+    lines = tree_cmdlines(server.process.pid)
     # supervisor, gateway, instance and its heartbeat at least
     assert len([c for c in lines.values() if "sluice" in c]) >= 4, lines
     assert not [c for c in lines.values() if any(s in c for s in secrets)], lines

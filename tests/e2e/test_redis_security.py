@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from e2e_support import (
     ROOT,
-    children_of,
     instance_records,
     repository_of,
     start_server,
     stop_server,
+    tree_cmdlines,
 )
 from jobs_support import add_sub_body, submit, wait_state
 from secure_redis import ACL_PREFIX, ACL_USER, PASSWORD, SecuredRedis, secured_redis
@@ -35,22 +35,6 @@ MODES = ("password", "acl", "tls")
 def secured(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SecuredRedis]:
     with secured_redis(request.param, tmp_path / "redis") as server:
         yield server
-
-
-def _descendants(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        kids = children_of(todo.pop())
-        found += kids
-        todo += kids
-    return found
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""  # it ended meanwhile
 
 
 def test_serve_infers_and_runs_jobs(
@@ -95,8 +79,7 @@ def test_serve_infers_and_runs_jobs(
                 )
                 assert done.returncode == code, (check, done.stderr)
                 assert PASSWORD not in done.stderr
-        processes = [server.process.pid, *_descendants(server.process.pid)]
-        lines = {pid: _cmdline(pid) for pid in processes}
+        lines = tree_cmdlines(server.process.pid)
         # supervisor, gateway, job worker, instance and its heartbeat at least
         assert len([c for c in lines.values() if "sluice" in c]) >= 5, lines
         assert not [c for c in lines.values() if PASSWORD in c], lines
